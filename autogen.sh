@@ -1,0 +1,7 @@
+#!/bin/sh
+# Regenerates the build system (configure, Makefile.in) from configure.ac and
+# Makefile.am.
+set -e
+cd "$(dirname "$0")"
+mkdir -p m4 build-aux
+exec autoreconf --install --force

@@ -1,0 +1,140 @@
+/*
+ * weft: collective communication over several direct links per peer.
+ *
+ * This is the whole public API. Every function that can fail returns an int:
+ * WEFT_OK (0) on success or a negative WEFT_E* code. Calls are blocking and
+ * never block past the communicator's per-operation deadline.
+ *
+ * Buffers passed to an operation are borrowed for the duration of the call
+ * only: when the call returns (successfully or not) the library holds no
+ * reference to them and no transfer into or out of them is in flight.
+ *
+ * A communicator is not thread-safe: call its operations from one thread at
+ * a time. The one exception is weft_abort(), which may be called from any
+ * thread at any moment while the communicator exists.
+ */
+#ifndef WEFT_H
+#define WEFT_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define WEFT_EXPORT __attribute__((visibility("default")))
+#else
+#define WEFT_EXPORT
+#endif
+
+#define WEFT_VERSION_MAJOR 0
+#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_PATCH 0
+
+/* Error codes. One table (WEFT_ERRNO_MAP) drives the enum, weft_strerror()
+ * and weft_err_name(). */
+#define WEFT_ERRNO_MAP(XX)                                                     \
+    XX(EINVAL, -1, "invalid argument")                                         \
+    XX(ENOMEM, -2, "out of memory or registration failed")                     \
+    XX(ECONFIG, -3, "bad hostfile, environment or configuration")              \
+    XX(ETIMEDOUT, -4, "deadline passed before the operation completed")        \
+    XX(EPEER, -5, "a peer closed, reset or died")                              \
+    XX(EMISMATCH, -6, "ranks called different collectives or arguments")       \
+    XX(EABORTED, -7, "communicator aborted or failed earlier")                 \
+    XX(ETRANSPORT, -8, "transport-level failure")                              \
+    XX(EAUTH, -9, "connection did not prove it belongs to this job")           \
+    XX(ENOTSUP, -10, "not supported by this build or transport")
+
+enum {
+    WEFT_OK = 0,
+#define WEFT__ERRNO_ENUM(name, val, text) WEFT_##name = (val),
+    WEFT_ERRNO_MAP(WEFT__ERRNO_ENUM)
+#undef WEFT__ERRNO_ENUM
+};
+
+typedef struct weft_comm weft_comm; /* opaque */
+
+typedef enum {
+    WEFT_INT8,
+    WEFT_UINT8,
+    WEFT_INT32,
+    WEFT_UINT32,
+    WEFT_INT64,
+    WEFT_UINT64,
+    WEFT_FLOAT16,
+    WEFT_BFLOAT16,
+    WEFT_FLOAT32,
+    WEFT_FLOAT64
+} weft_dtype;
+
+typedef enum { WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX } weft_redop;
+
+/* Static text for any code (unknown codes give "unknown error"). */
+WEFT_EXPORT const char *weft_strerror(int err);
+/* Short symbolic name of a code, e.g. "WEFT_EPEER". */
+WEFT_EXPORT const char *weft_err_name(int err);
+
+/* Detailed message of the last failure on c: which rank, which peer, which
+ * wire, which deadline. Empty string if nothing failed. The text stays valid
+ * until the next call on c. With c == NULL it returns the message of the
+ * last weft_init() failure in the calling thread. */
+WEFT_EXPORT const char *weft_last_error(const weft_comm *c);
+
+/* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
+WEFT_EXPORT size_t weft_dtype_size(weft_dtype dtype);
+
+/* Creates a communicator from the environment: WEFT_RANK, WEFT_SIZE and
+ * WEFT_HOSTFILE (as set by weftrun); else the rank and size of mpirun
+ * (OMPI_COMM_WORLD_RANK/SIZE), Hydra (PMI_RANK/SIZE), Slurm
+ * (SLURM_PROCID/NTASKS) or torchrun (RANK/WORLD_SIZE) with WEFT_HOSTFILE.
+ * WEFT_TIMEOUT_MS sets the per-operation deadline (default 300000),
+ * WEFT_CONNECT_TIMEOUT_MS how long to wait for peers (default 60000),
+ * WEFT_JOB_TOKEN the job's shared secret (32 hex digits), WEFT_WIRES the
+ * connections per peer and link (default 1). Blocks until every peer is
+ * connected or the connect deadline passes. On failure *out is NULL and
+ * weft_last_error(NULL) says what went wrong and what to set. */
+WEFT_EXPORT int weft_init(weft_comm **out);
+
+/* Closes every connection and frees everything. NULL is a no-op. Returns
+ * promptly even on a failed communicator. Always frees c. */
+WEFT_EXPORT int weft_finalize(weft_comm *c);
+
+WEFT_EXPORT int weft_rank(const weft_comm *c);
+WEFT_EXPORT int weft_size(const weft_comm *c);
+
+/* Sets the per-operation deadline in milliseconds (> 0). */
+WEFT_EXPORT int weft_set_timeout(weft_comm *c, int timeout_ms);
+
+/* Aborts c: a call blocked on c returns WEFT_EABORTED promptly, and every
+ * later operation returns WEFT_EABORTED. Callable from any thread while c
+ * exists (not concurrently with weft_finalize on c). */
+WEFT_EXPORT int weft_abort(weft_comm *c);
+
+/* Collectives. sendbuf == recvbuf is the in-place form. count == 0 is legal
+ * and completes without moving data. Results of weft_all_reduce are
+ * bitwise identical on every rank. */
+WEFT_EXPORT int weft_all_reduce(weft_comm *c, const void *sendbuf,
+                                void *recvbuf, size_t count, weft_dtype dtype,
+                                weft_redop op);
+/* recvbuf holds size*count elements; rank r's contribution lands at
+ * r*count. In place: sendbuf == recvbuf + rank*count elements. */
+WEFT_EXPORT int weft_all_gather(weft_comm *c, const void *sendbuf,
+                                void *recvbuf, size_t count, weft_dtype dtype);
+/* sendbuf holds size*recvcount elements; rank r receives the reduction of
+ * block r. In place: recvbuf == sendbuf + rank*recvcount elements. */
+WEFT_EXPORT int weft_reduce_scatter(weft_comm *c, const void *sendbuf,
+                                    void *recvbuf, size_t recvcount,
+                                    weft_dtype dtype, weft_redop op);
+WEFT_EXPORT int weft_broadcast(weft_comm *c, void *buf, size_t count,
+                               weft_dtype dtype, int root);
+WEFT_EXPORT int weft_send(weft_comm *c, const void *buf, size_t count,
+                          weft_dtype dtype, int peer);
+WEFT_EXPORT int weft_recv(weft_comm *c, void *buf, size_t count,
+                          weft_dtype dtype, int peer);
+WEFT_EXPORT int weft_barrier(weft_comm *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_H */

@@ -1,0 +1,357 @@
+/*
+ * The communicator: the public entry points, argument checks, and the
+ * failed/aborted state machine of API.md's failure semantics.
+ */
+#include "core/engine.h"
+#include "core/internal.h"
+#include "core/kernels.h"
+#include "ring/ring.h"
+#include "transport/transport.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Why the last weft_init() on this thread failed (weft_last_error(NULL)). */
+static _Thread_local char init_errmsg[WEFT__ERRMSG_LEN];
+
+size_t weft_dtype_size(weft_dtype dtype)
+{
+    switch (dtype) {
+    case WEFT_INT8:
+    case WEFT_UINT8:
+        return 1;
+    case WEFT_FLOAT16:
+    case WEFT_BFLOAT16:
+        return 2;
+    case WEFT_INT32:
+    case WEFT_UINT32:
+    case WEFT_FLOAT32:
+        return 4;
+    case WEFT_INT64:
+    case WEFT_UINT64:
+    case WEFT_FLOAT64:
+        return 8;
+    }
+    return 0;
+}
+
+const char *weft_last_error(const weft_comm *c)
+{
+    return c == NULL ? init_errmsg : c->errmsg;
+}
+
+int weft__scratch(struct weft_comm *c, size_t nbytes, void **out)
+{
+    if (nbytes > c->scratch_bytes) {
+        void *p = realloc(c->scratch, nbytes);
+        if (p == NULL)
+            return weft__set_error(c, WEFT_ENOMEM,
+                                   "rank %d: cannot allocate %zu bytes of "
+                                   "scratch",
+                                   c->rank, nbytes);
+        c->scratch = p;
+        c->scratch_bytes = nbytes;
+    }
+    *out = c->scratch;
+    return WEFT_OK;
+}
+
+static const weft__tp_ops *pick_transport(const char *name)
+{
+    if (strcmp(name, "tcp") == 0)
+        return &weft__tcp_ops;
+#ifdef WEFT_HAVE_IBVERBS
+    if (strcmp(name, "ibverbs") == 0)
+        return NULL; /* not implemented in this version yet */
+#endif
+    return NULL;
+}
+
+int weft_init(weft_comm **out)
+{
+    weft_comm *c;
+    int rc;
+
+    init_errmsg[0] = '\0';
+    if (out == NULL) {
+        snprintf(init_errmsg, sizeof init_errmsg,
+                 "weft_init: out is NULL");
+        return WEFT_EINVAL;
+    }
+    *out = NULL;
+    c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return WEFT_ENOMEM;
+    rc = weft__config_load(&c->cfg, init_errmsg, sizeof init_errmsg);
+    if (rc != 0)
+        goto fail;
+    c->rank = c->cfg.rank;
+    c->nranks = c->cfg.nranks;
+    c->timeout_ms = c->cfg.timeout_ms;
+    atomic_init(&c->aborted, 0);
+    c->tpo = pick_transport(c->cfg.transport);
+    if (c->tpo == NULL) {
+        snprintf(init_errmsg, sizeof init_errmsg,
+                 "transport \"%s\" is not available in this build of weft "
+                 "(the ibverbs transport needs libibverbs-dev at build time "
+                 "and a later version); use WEFT_TRANSPORT=tcp",
+                 c->cfg.transport);
+        rc = WEFT_ENOTSUP;
+        goto fail;
+    }
+    c->send_seq = calloc((size_t)c->nranks, sizeof *c->send_seq);
+    c->recv_seq = calloc((size_t)c->nranks, sizeof *c->recv_seq);
+    if (c->send_seq == NULL || c->recv_seq == NULL) {
+        rc = WEFT_ENOMEM;
+        goto fail;
+    }
+    if (c->nranks > 1) {
+        rc = c->tpo->create(c, &c->tp);
+        if (rc != 0) {
+            snprintf(init_errmsg, sizeof init_errmsg, "%s", c->errmsg);
+            goto fail;
+        }
+    }
+    weft__log(WEFT__LOG_DEBUG, c->rank, "initialised: %d ranks over %s",
+              c->nranks, c->tpo->name);
+    *out = c;
+    return WEFT_OK;
+
+fail:
+    if (rc == WEFT_ENOMEM && init_errmsg[0] == '\0')
+        snprintf(init_errmsg, sizeof init_errmsg, "out of memory in weft_init");
+    weft__log(WEFT__LOG_ERROR, c->cfg.nranks > 0 ? c->cfg.rank : -1,
+              "weft_init: %s: %s", weft_err_name(rc), init_errmsg);
+    weft__config_free(&c->cfg);
+    free(c->send_seq);
+    free(c->recv_seq);
+    free(c);
+    return rc;
+}
+
+int weft_finalize(weft_comm *c)
+{
+    if (c == NULL)
+        return WEFT_OK;
+    if (c->tp != NULL)
+        c->tpo->destroy(c->tp);
+    weft__engine_free(c);
+    weft__config_free(&c->cfg);
+    free(c->send_seq);
+    free(c->recv_seq);
+    free(c->scratch);
+    free(c);
+    return WEFT_OK;
+}
+
+int weft_rank(const weft_comm *c)
+{
+    return c == NULL ? WEFT_EINVAL : c->rank;
+}
+
+int weft_size(const weft_comm *c)
+{
+    return c == NULL ? WEFT_EINVAL : c->nranks;
+}
+
+int weft_set_timeout(weft_comm *c, int timeout_ms)
+{
+    if (c == NULL)
+        return WEFT_EINVAL;
+    if (timeout_ms <= 0) {
+        snprintf(c->errmsg, sizeof c->errmsg,
+                 "weft_set_timeout: timeout_ms must be > 0, got %d",
+                 timeout_ms);
+        return WEFT_EINVAL;
+    }
+    c->timeout_ms = timeout_ms;
+    return WEFT_OK;
+}
+
+int weft_abort(weft_comm *c)
+{
+    if (c == NULL)
+        return WEFT_EINVAL;
+    atomic_store(&c->aborted, 1);
+    if (c->tp != NULL)
+        c->tpo->wake(c->tp);
+    return WEFT_OK;
+}
+
+/* ---- argument checks ---- */
+
+static int inval(weft_comm *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* A bad argument: reported, nothing sent, the communicator stays usable. */
+static int inval(weft_comm *c, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    return WEFT_EINVAL;
+}
+
+/* Checks shared by every operation. mult is how many count-sized blocks
+ * the largest buffer holds. */
+static int check(weft_comm *c, const char *name, size_t count,
+                 weft_dtype dtype, size_t mult)
+{
+    size_t es;
+
+    if (c->failed != 0 || atomic_load(&c->aborted)) {
+        if (c->failed == 0) {
+            c->failed = WEFT_EABORTED;
+            snprintf(c->errmsg, sizeof c->errmsg,
+                     "rank %d: communicator aborted by weft_abort()",
+                     c->rank);
+        }
+        return WEFT_EABORTED;
+    }
+    if (!weft__dtype_valid((int)dtype))
+        return inval(c, "%s: unknown dtype %d", name, (int)dtype);
+    es = weft_dtype_size(dtype);
+    if (count > SIZE_MAX / es / mult || count * es * mult > (SIZE_MAX >> 2))
+        return inval(c, "%s: count %zu overflows the address space", name,
+                     count);
+    return WEFT_OK;
+}
+
+#define CHECK_COMM(c)                                                          \
+    do {                                                                       \
+        if ((c) == NULL)                                                       \
+            return WEFT_EINVAL;                                                \
+    } while (0)
+
+int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
+                    size_t count, weft_dtype dtype, weft_redop op)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "all_reduce", count, dtype, 1)) != 0)
+        return rc;
+    if (!weft__op_valid((int)op))
+        return inval(c, "all_reduce: unknown op %d", (int)op);
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "all_reduce: NULL buffer with count %zu", count);
+    if (count == 0)
+        return WEFT_OK;
+    if (c->nranks == 1) {
+        memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
+        return WEFT_OK;
+    }
+    return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+}
+
+int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
+                    size_t count, weft_dtype dtype)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "all_gather", count, dtype, (size_t)c->nranks)) != 0)
+        return rc;
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "all_gather: NULL buffer with count %zu", count);
+    if (count == 0)
+        return WEFT_OK;
+    if (c->nranks == 1) {
+        memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
+        return WEFT_OK;
+    }
+    return weft__ring_all_gather(c, sendbuf, recvbuf, count, dtype,
+                                 WEFT__OP_ALL_GATHER, "all_gather");
+}
+
+int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                        size_t recvcount, weft_dtype dtype, weft_redop op)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "reduce_scatter", recvcount, dtype,
+                    (size_t)c->nranks)) != 0)
+        return rc;
+    if (!weft__op_valid((int)op))
+        return inval(c, "reduce_scatter: unknown op %d", (int)op);
+    if (recvcount > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "reduce_scatter: NULL buffer with count %zu",
+                     recvcount);
+    if (recvcount == 0)
+        return WEFT_OK;
+    if (c->nranks == 1) {
+        memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
+        return WEFT_OK;
+    }
+    return weft__ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype,
+                                     op);
+}
+
+int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+                   int root)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "broadcast", count, dtype, 1)) != 0)
+        return rc;
+    if (root < 0 || root >= c->nranks)
+        return inval(c, "broadcast: root %d out of range [0, %d)", root,
+                     c->nranks);
+    if (count > 0 && buf == NULL)
+        return inval(c, "broadcast: NULL buffer with count %zu", count);
+    if (count == 0 || c->nranks == 1)
+        return WEFT_OK;
+    return weft__ring_broadcast(c, buf, count, dtype, root);
+}
+
+static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
+               weft_dtype dtype, int peer, int is_send)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, name, count, dtype, 1)) != 0)
+        return rc;
+    if (peer < 0 || peer >= c->nranks)
+        return inval(c, "%s: peer %d out of range [0, %d)", name, peer,
+                     c->nranks);
+    if (peer == c->rank)
+        return inval(c, "%s: peer %d is this rank (a blocking send to "
+                        "oneself cannot complete)",
+                     name, peer);
+    if (count > 0 && buf == NULL)
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0)
+        return WEFT_OK;
+    return weft__p2p(c, buf, count, dtype, peer, is_send);
+}
+
+int weft_send(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
+              int peer)
+{
+    return p2p(c, "send", (void *)(uintptr_t)buf, count, dtype, peer, 1);
+}
+
+int weft_recv(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+              int peer)
+{
+    return p2p(c, "recv", buf, count, dtype, peer, 0);
+}
+
+int weft_barrier(weft_comm *c)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "barrier", 1, WEFT_UINT8, 1)) != 0)
+        return rc;
+    if (c->nranks == 1)
+        return WEFT_OK;
+    return weft__ring_barrier(c);
+}

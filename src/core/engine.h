@@ -1,0 +1,71 @@
+/*
+ * The pipeline engine: runs an operation, described as lanes of steps, over
+ * the wires of the transport, frame by frame, under one deadline.
+ *
+ * A lane sends to one peer and receives from another (either may be -1).
+ * Step k of a lane sends send_len bytes from send_buf and receives recv_len
+ * bytes into recv_dst. A received step either lands as is (recv_a == NULL)
+ * or is reduced on arrival: recv_dst = recv_a OP incoming (recv_a may equal
+ * recv_dst). A send step with send_dep = j >= 0 sends bytes that the same
+ * lane's receive step j produces, and each of its frames leaves only once
+ * the bytes it covers have arrived (and been reduced): that is how a ring
+ * pipelines across steps. Each step is split over the peer's wires by the
+ * planner (plan.h); both ends compute the same split.
+ */
+#ifndef WEFT_ENGINE_H
+#define WEFT_ENGINE_H
+
+#include "core/internal.h"
+
+/* Operation kinds, carried in each channel's header so that ranks calling
+ * different operations fail with WEFT_EMISMATCH instead of mixing data. */
+enum {
+    WEFT__OP_ALL_REDUCE = 1,
+    WEFT__OP_ALL_GATHER,
+    WEFT__OP_REDUCE_SCATTER,
+    WEFT__OP_BROADCAST,
+    WEFT__OP_P2P,
+    WEFT__OP_BARRIER,
+};
+
+typedef struct {
+    const char *send_buf;
+    size_t send_len;
+    int send_dep; /* receive step these bytes come from, or -1 */
+    char *recv_dst;
+    const char *recv_a; /* reduce operand, NULL to land the bytes as is */
+    size_t recv_len;
+} weft__step;
+
+typedef struct {
+    int send_peer; /* -1: this lane sends nothing */
+    int recv_peer; /* -1: this lane receives nothing */
+    int nsteps;
+    weft__step *steps;
+} weft__lane;
+
+#define WEFT__MAX_LANES 2
+
+typedef struct {
+    int kind;
+    const char *name; /* for messages: "all_reduce", ... */
+    weft_dtype dtype;
+    weft_redop redop;
+    size_t esize;
+    int nlanes;
+    weft__lane lanes[WEFT__MAX_LANES];
+} weft__op;
+
+/* Runs op to completion under c's deadline. On failure the communicator is
+ * failed (c->failed), the transport is shut down so that no frame refers to
+ * the caller's buffers, and c's error message names the cause. */
+int weft__engine_run(struct weft_comm *c, const weft__op *op);
+
+/* Frees the engine's staging buffers. */
+void weft__engine_free(struct weft_comm *c);
+
+/* Frames a side keeps in flight per wire. */
+#define WEFT__SEND_DEPTH 4
+#define WEFT__RECV_DEPTH 2
+
+#endif

@@ -1,0 +1,127 @@
+/* Error codes, messages and logging. */
+#include "core/internal.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *weft_strerror(int err)
+{
+    switch (err) {
+    case WEFT_OK:
+        return "success";
+#define WEFT__ERR_TEXT(name, val, text)                                        \
+    case WEFT_##name:                                                          \
+        return text;
+        WEFT_ERRNO_MAP(WEFT__ERR_TEXT)
+#undef WEFT__ERR_TEXT
+    default:
+        return "unknown error";
+    }
+}
+
+const char *weft_err_name(int err)
+{
+    switch (err) {
+    case WEFT_OK:
+        return "WEFT_OK";
+#define WEFT__ERR_NAME(name, val, text)                                        \
+    case WEFT_##name:                                                          \
+        return "WEFT_" #name;
+        WEFT_ERRNO_MAP(WEFT__ERR_NAME)
+#undef WEFT__ERR_NAME
+    default:
+        return "WEFT_E?";
+    }
+}
+
+static int log_level = -1;
+
+int weft__log_enabled(int level)
+{
+    if (log_level < 0) {
+        const char *s = getenv("WEFT_LOG");
+        int l = WEFT__LOG_WARN;
+        if (s != NULL) {
+            if (strcmp(s, "error") == 0)
+                l = WEFT__LOG_ERROR;
+            else if (strcmp(s, "info") == 0)
+                l = WEFT__LOG_INFO;
+            else if (strcmp(s, "debug") == 0)
+                l = WEFT__LOG_DEBUG;
+        }
+        log_level = l;
+    }
+    return level <= log_level;
+}
+
+void weft__log(int level, int rank, const char *fmt, ...)
+{
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    char line[1024];
+    va_list ap;
+    int n;
+
+    if (!weft__log_enabled(level))
+        return;
+    if (rank >= 0)
+        n = snprintf(line, sizeof line, "weft[rank %d] %s: ", rank,
+                     names[level]);
+    else
+        n = snprintf(line, sizeof line, "weft %s: ", names[level]);
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    /* One write per line so lines of concurrent ranks do not interleave. */
+    fprintf(stderr, "%s\n", line);
+}
+
+int weft__set_error(struct weft_comm *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (c->errmsg[0] != '\0' && c->failed != 0)
+        return err; /* the first cause is the one worth keeping */
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    weft__log(WEFT__LOG_INFO, c->rank, "%s: %s", weft_err_name(err),
+              c->errmsg);
+    return err;
+}
+
+uint64_t weft__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void weft__sigpipe_block(weft__sigpipe_state *st)
+{
+    sigset_t pipe_set, pending;
+
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigpending(&pending);
+    st->was_pending = sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &st->old);
+}
+
+void weft__sigpipe_restore(weft__sigpipe_state *st)
+{
+    sigset_t pipe_set, pending;
+
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    if (!st->was_pending) {
+        struct timespec zero = {0, 0};
+        sigpending(&pending);
+        if (sigismember(&pending, SIGPIPE))
+            sigtimedwait(&pipe_set, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &st->old, NULL);
+}

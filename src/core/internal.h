@@ -1,0 +1,121 @@
+/*
+ * Internal declarations shared by the core, the algorithms and the
+ * transports. Nothing here is part of the public API.
+ */
+#ifndef WEFT_INTERNAL_H
+#define WEFT_INTERNAL_H
+
+#include "weft.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WEFT__TOKEN_BYTES 16
+#define WEFT__MAX_WIRES 64       /* wires to one peer, all links together */
+#define WEFT__MAX_RANKS 4096
+#define WEFT__DEFAULT_PORT 32323
+#define WEFT__DEFAULT_TIMEOUT_MS 300000
+#define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
+#define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
+#define WEFT__ERRMSG_LEN 512
+
+/* One end of a cable: a host (by index) and its address there. */
+typedef struct {
+    int host;
+    char addr[64];
+    char device[64]; /* RDMA device name, "" if none */
+} weft__link_end;
+
+/* A link is one cable between two hosts. */
+typedef struct {
+    weft__link_end end[2];
+} weft__link;
+
+typedef struct {
+    char name[128];
+    char ssh[256];
+    int nranks;
+    int first_rank;
+    int *ports; /* nranks entries: the port each local rank listens on */
+} weft__host;
+
+/* Everything weft_init learns from the environment and the hostfile. */
+typedef struct weft__config {
+    int rank;
+    int nranks;
+    int timeout_ms;
+    int connect_timeout_ms;
+    int wires;          /* connections per peer per link */
+    size_t frame_bytes; /* pipeline frame size */
+    char transport[16]; /* "tcp" or "ibverbs" */
+    char topology[16];  /* "ring", "mesh" or "auto" */
+    uint8_t token[WEFT__TOKEN_BYTES];
+    char hostfile[1024];
+    int nhosts;
+    weft__host *hosts;
+    int nlinks;
+    weft__link *links;
+    int *rank_host; /* nranks entries: host index of each rank */
+} weft__config;
+
+/* Reads the configuration from the environment. On failure fills errmsg
+ * (what is wrong and what to set) and returns WEFT_ECONFIG or WEFT_ENOMEM. */
+int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen);
+void weft__config_free(weft__config *cfg);
+/* The port rank r listens on. */
+int weft__config_rank_port(const weft__config *cfg, int r);
+
+struct weft__tp;
+struct weft__engine;
+
+struct weft_comm {
+    weft__config cfg;
+    int rank;
+    int nranks;
+    int timeout_ms;
+    int failed; /* first error that failed the communicator, 0 if none */
+    atomic_int aborted;
+    char errmsg[WEFT__ERRMSG_LEN];
+    struct weft__tp *tp;
+    const struct weft__tp_ops *tpo;
+    struct weft__engine *eng;
+    uint32_t *send_seq; /* per peer: operations that sent to it */
+    uint32_t *recv_seq; /* per peer: operations that received from it */
+    void *scratch;      /* grown on demand for algorithms that need it */
+    size_t scratch_bytes;
+};
+
+/* Records err with a formatted message on c (the first failure wins for
+ * the message unless overwrite is set) and logs it once. Returns err. */
+int weft__set_error(struct weft_comm *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Logging to stderr, prefixed with the rank. Level from WEFT_LOG
+ * (error, warn, info, debug; default warn). */
+enum { WEFT__LOG_ERROR, WEFT__LOG_WARN, WEFT__LOG_INFO, WEFT__LOG_DEBUG };
+void weft__log(int level, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int weft__log_enabled(int level);
+
+/* Milliseconds on a monotonic clock. */
+uint64_t weft__now_ms(void);
+
+/* Writes to a socket whose peer vanished raise SIGPIPE, which would kill
+ * the process; a peer that vanished must instead become WEFT_EPEER. Every
+ * stretch of code that may write to a socket runs between these two calls:
+ * SIGPIPE is blocked on the calling thread, and one raised meanwhile is
+ * consumed (unless it was already pending before). */
+typedef struct {
+    sigset_t old;
+    int was_pending;
+} weft__sigpipe_state;
+void weft__sigpipe_block(weft__sigpipe_state *st);
+void weft__sigpipe_restore(weft__sigpipe_state *st);
+
+/* Grows c->scratch to at least nbytes. */
+int weft__scratch(struct weft_comm *c, size_t nbytes, void **out);
+
+#endif

@@ -1,0 +1,930 @@
+/*
+ * TCP transport on libuv.
+ *
+ * Each wire is one TCP connection. The higher rank of a pair connects to the
+ * lower one's port, once per wire, and opens with a hello that carries the
+ * job token, both ranks, the link and the wire index; the acceptor places
+ * the connection by those fields (never by arrival order) and answers. A
+ * connection whose hello is wrong, garbage, or missing after a while is
+ * logged and closed; the job goes on.
+ *
+ * Receives land directly in the buffer of the oldest posted frame of the
+ * wire (libuv's alloc callback hands out exactly the bytes that frame still
+ * needs), so a stream never spills one operation's bytes into another's
+ * buffer. A wire reads only while it has a posted receive.
+ *
+ * Everything runs on the calling thread inside progress(); there is no
+ * background thread. weft_abort() reaches a blocked progress() through a
+ * uv_async_t.
+ */
+#include "transport/transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#define HELLO_MAGIC 0x54464557u /* "WEFT" */
+#define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
+#define HELLO_VERSION 1u
+#define HELLO_BYTES 40
+#define REPLY_BYTES 8
+#define LINK_LOOPBACK 0xffffffffu
+#define HANDSHAKE_MS 5000
+#define RETRY_MS 25
+#define SOCKBUF_BYTES (4 << 20)
+
+typedef struct tcp_tp tcp_tp;
+
+enum { CONN_HELLO_WAIT, CONN_CONNECTING, CONN_REPLY_WAIT, CONN_UP };
+
+typedef struct conn {
+    uv_tcp_t h;
+    tcp_tp *tp;
+    int state;
+    int peer;
+    int wire;
+    int reading;
+    int closing;
+    uint64_t deadline_ms; /* handshake deadline for accepted connections */
+    uint8_t hbuf[HELLO_BYTES];
+    size_t hgot;
+    uint8_t out[HELLO_BYTES]; /* hello or reply being written */
+    uv_write_t hreq;
+    uv_connect_t creq;
+    weft__xfer *rq_head; /* posted receives, oldest first */
+    weft__xfer *rq_tail;
+    struct conn *next; /* in tp->pending while the handshake runs */
+    char name[96];     /* "127.0.0.1:port" of the other end, for logs */
+} conn;
+
+/* One wire slot of a peer: which link it runs on and, once up, its
+ * connection. */
+typedef struct {
+    uint32_t link; /* link index in the hostfile, or LINK_LOOPBACK */
+    uint32_t lwire; /* wire index on that link */
+    int outgoing;   /* we connect (we are the higher rank) */
+    char addr[64];  /* where to connect (outgoing only) */
+    int port;
+    uint64_t next_try_ms;
+    int connecting;
+    conn *c;
+} slot;
+
+typedef struct {
+    int nwires;
+    slot *s;
+} peer;
+
+typedef struct wreq {
+    uv_write_t req;
+    weft__xfer *x;
+    struct wreq *next;
+} wreq;
+
+struct tcp_tp {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_timer_t timer;     /* deadline of progress() */
+    uv_timer_t housekeep; /* connect retries and handshake deadlines */
+    uv_async_t async;
+    struct weft_comm *c;
+    int rank;
+    int nranks;
+    peer *peers;
+    conn *pending;
+    int nopen;    /* connections not yet closed */
+    int err;      /* first transport error, WEFT_OK if none */
+    int shut;     /* shutdown() ran: completions are dropped */
+    int handles;  /* loop-level handles initialised */
+    wreq *free_wreqs;
+};
+
+/* ---- loop helpers ---- */
+
+/* Callers hold the SIGPIPE guard (weft__sigpipe_block): libuv writes with
+ * plain write(). */
+static void tcp_run(tcp_tp *tp, uv_run_mode mode)
+{
+    uv_run(&tp->loop, mode);
+}
+
+static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
+{
+    char msg[WEFT__ERRMSG_LEN];
+    va_list ap;
+
+    if (tp->err != 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    tp->err = err;
+    weft__set_error(tp->c, err, "%s", msg);
+}
+
+static void conn_close_cb(uv_handle_t *h)
+{
+    conn *k = (conn *)h;
+    k->tp->nopen--;
+    free(k);
+}
+
+static void conn_close(conn *k)
+{
+    if (k->closing)
+        return;
+    k->closing = 1;
+    uv_close((uv_handle_t *)&k->h, conn_close_cb);
+}
+
+static conn *conn_new(tcp_tp *tp)
+{
+    conn *k = calloc(1, sizeof *k);
+
+    if (k == NULL)
+        return NULL;
+    k->tp = tp;
+    k->peer = -1;
+    k->wire = -1;
+    if (uv_tcp_init(&tp->loop, &k->h) != 0) {
+        free(k);
+        return NULL;
+    }
+    k->h.data = k;
+    tp->nopen++;
+    return k;
+}
+
+static void pending_remove(tcp_tp *tp, conn *k)
+{
+    for (conn **pp = &tp->pending; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == k) {
+            *pp = k->next;
+            k->next = NULL;
+            return;
+        }
+    }
+}
+
+static void tune_socket(conn *k)
+{
+    int sz = SOCKBUF_BYTES;
+
+    uv_tcp_nodelay(&k->h, 1);
+    /* Big buffers keep several frames in flight on a fast link. A refusal
+     * (a capped system) only costs speed, so it is not an error. */
+    uv_send_buffer_size((uv_handle_t *)&k->h, &sz);
+    sz = SOCKBUF_BYTES;
+    uv_recv_buffer_size((uv_handle_t *)&k->h, &sz);
+}
+
+/* ---- the data path ---- */
+
+static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *k = h->data;
+    weft__xfer *x = k->rq_head;
+
+    (void)suggested;
+    if (x == NULL) {
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
+    buf->base = x->buf + x->got;
+    buf->len = x->len - x->got;
+}
+
+static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *k = s->data;
+    tcp_tp *tp = k->tp;
+
+    (void)buf;
+    if (nread > 0) {
+        weft__xfer *x = k->rq_head;
+        x->got += (size_t)nread;
+        if (x->got == x->len) {
+            k->rq_head = x->tp_next;
+            if (k->rq_head == NULL) {
+                k->rq_tail = NULL;
+                uv_read_stop(s);
+                k->reading = 0;
+            }
+            x->tp_next = NULL;
+            x->done(x);
+        }
+        return;
+    }
+    if (nread == 0)
+        return; /* EAGAIN */
+    if (nread == UV_ENOBUFS) {
+        uv_read_stop(s);
+        k->reading = 0;
+        return;
+    }
+    uv_read_stop(s);
+    k->reading = 0;
+    if (nread == UV_EOF)
+        tcp_fail(tp, WEFT_EPEER,
+                 "rank %d: peer %d closed wire %d (%s) while this rank was "
+                 "receiving",
+                 tp->rank, k->peer, k->wire, k->name);
+    else
+        tcp_fail(tp,
+                 nread == UV_ECONNRESET || nread == UV_EPIPE ? WEFT_EPEER
+                                                             : WEFT_ETRANSPORT,
+                 "rank %d: receive from peer %d on wire %d (%s) failed: %s",
+                 tp->rank, k->peer, k->wire, k->name, uv_strerror((int)nread));
+}
+
+static void data_write_cb(uv_write_t *req, int status)
+{
+    wreq *w = (wreq *)req;
+    conn *k = req->handle->data;
+    tcp_tp *tp = k->tp;
+    weft__xfer *x = w->x;
+
+    w->next = tp->free_wreqs;
+    tp->free_wreqs = w;
+    if (tp->shut)
+        return;
+    if (status < 0) {
+        tcp_fail(tp,
+                 status == UV_EPIPE || status == UV_ECONNRESET ? WEFT_EPEER
+                                                               : WEFT_ETRANSPORT,
+                 "rank %d: send to peer %d on wire %d (%s) failed: %s",
+                 tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
+        return;
+    }
+    x->done(x);
+}
+
+static conn *wire_conn(tcp_tp *tp, int p, int w)
+{
+    if (p < 0 || p >= tp->nranks || w < 0 || w >= tp->peers[p].nwires)
+        return NULL;
+    return tp->peers[p].s[w].c;
+}
+
+static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    conn *k = wire_conn(tp, p, w);
+    wreq *r;
+    uv_buf_t b;
+    int rc;
+
+    if (tp->err != 0)
+        return tp->err;
+    if (k == NULL || k->closing)
+        return weft__set_error(tp->c, WEFT_ETRANSPORT,
+                               "rank %d: no wire %d to peer %d", tp->rank, w,
+                               p);
+    r = tp->free_wreqs;
+    if (r != NULL)
+        tp->free_wreqs = r->next;
+    else if ((r = malloc(sizeof *r)) == NULL)
+        return WEFT_ENOMEM;
+    r->x = x;
+    b = uv_buf_init(x->buf, (unsigned int)x->len);
+    rc = uv_write(&r->req, (uv_stream_t *)&k->h, &b, 1, data_write_cb);
+    if (rc != 0) {
+        r->next = tp->free_wreqs;
+        tp->free_wreqs = r;
+        tcp_fail(tp, rc == UV_EPIPE ? WEFT_EPEER : WEFT_ETRANSPORT,
+                 "rank %d: send to peer %d on wire %d (%s) failed: %s",
+                 tp->rank, p, w, k->name, uv_strerror(rc));
+        return tp->err;
+    }
+    return WEFT_OK;
+}
+
+static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    conn *k = wire_conn(tp, p, w);
+
+    if (tp->err != 0)
+        return tp->err;
+    if (k == NULL || k->closing)
+        return weft__set_error(tp->c, WEFT_ETRANSPORT,
+                               "rank %d: no wire %d to peer %d", tp->rank, w,
+                               p);
+    x->got = 0;
+    x->tp_next = NULL;
+    if (k->rq_tail != NULL)
+        k->rq_tail->tp_next = x;
+    else
+        k->rq_head = x;
+    k->rq_tail = x;
+    if (!k->reading) {
+        int rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb,
+                               data_read_cb);
+        if (rc != 0) {
+            tcp_fail(tp, WEFT_ETRANSPORT,
+                     "rank %d: cannot read from peer %d wire %d: %s",
+                     tp->rank, p, w, uv_strerror(rc));
+            return tp->err;
+        }
+        k->reading = 1;
+    }
+    return WEFT_OK;
+}
+
+/* ---- handshake ---- */
+
+static void housekeep_cb(uv_timer_t *t);
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    v = htonl(v);
+    memcpy(p, &v, 4);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return ntohl(v);
+}
+
+static int token_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (int i = 0; i < WEFT__TOKEN_BYTES; i++)
+        d |= (uint8_t)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* Hello layout (network byte order): magic, version, from rank, to rank,
+ * link, wire on link, then the 16-byte token. */
+static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
+{
+    put32(out, HELLO_MAGIC);
+    put32(out + 4, HELLO_VERSION);
+    put32(out + 8, (uint32_t)tp->rank);
+    put32(out + 12, (uint32_t)to);
+    put32(out + 16, s->link);
+    put32(out + 20, s->lwire);
+    memcpy(out + 24, tp->c->cfg.token, WEFT__TOKEN_BYTES);
+}
+
+static void reject(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "rejected a connection from %s: %s (the job goes on)", k->name,
+              why);
+    pending_remove(tp, k);
+    conn_close(k);
+}
+
+static void hs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *k = h->data;
+    size_t want = k->state == CONN_HELLO_WAIT ? HELLO_BYTES : REPLY_BYTES;
+
+    (void)suggested;
+    /* Exactly the handshake: bytes after it belong to the data path. */
+    buf->base = (char *)k->hbuf + k->hgot;
+    buf->len = want - k->hgot;
+}
+
+static void reply_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+
+    if (k->closing || tp->shut)
+        return;
+    if (status < 0) {
+        /* The slot was claimed: losing it now is a failure of the job. */
+        tcp_fail(tp, WEFT_EPEER,
+                 "rank %d: peer %d wire %d (%s) closed during the handshake: "
+                 "%s",
+                 tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
+        return;
+    }
+    k->state = CONN_UP;
+}
+
+/* An accepted connection's hello is complete: check and place it. */
+static void hello_done(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    uint32_t from = get32(k->hbuf + 8), to = get32(k->hbuf + 12);
+    uint32_t link = get32(k->hbuf + 16), lwire = get32(k->hbuf + 20);
+    uv_buf_t b;
+    slot *s = NULL;
+
+    if (get32(k->hbuf) != HELLO_MAGIC)
+        return reject(k, "not a weft hello (bad magic)");
+    if (get32(k->hbuf + 4) != HELLO_VERSION)
+        return reject(k, "unsupported protocol version");
+    if (!token_equal(k->hbuf + 24, tp->c->cfg.token))
+        return reject(k, "wrong job token (WEFT_JOB_TOKEN)");
+    if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
+        from <= (uint32_t)tp->rank)
+        return reject(k, "hello names ranks that do not connect here");
+    for (int w = 0; w < tp->peers[from].nwires; w++) {
+        slot *c = &tp->peers[from].s[w];
+        if (!c->outgoing && c->link == link && c->lwire == lwire)
+            s = c;
+    }
+    if (s == NULL)
+        return reject(k, "hello names a link or wire this rank does not have");
+    if (s->c != NULL)
+        return reject(k, "hello names a wire that is already connected");
+    pending_remove(tp, k);
+    uv_read_stop((uv_stream_t *)&k->h);
+    k->peer = (int)from;
+    k->wire = (int)(s - tp->peers[from].s);
+    s->c = k;
+    tune_socket(k);
+    put32(k->out, REPLY_MAGIC);
+    put32(k->out + 4, (uint32_t)tp->rank);
+    b = uv_buf_init((char *)k->out, REPLY_BYTES);
+    k->hreq.data = k;
+    if (uv_write(&k->hreq, (uv_stream_t *)&k->h, &b, 1, reply_write_cb) != 0)
+        tcp_fail(tp, WEFT_EPEER, "rank %d: cannot answer peer %u wire %d",
+                 tp->rank, from, k->wire);
+}
+
+static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *k = st->data;
+    tcp_tp *tp = k->tp;
+
+    (void)buf;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (k->state == CONN_HELLO_WAIT)
+            return reject(k, nread == UV_EOF ? "closed before its hello"
+                                             : uv_strerror((int)nread));
+        tcp_fail(tp, WEFT_EPEER,
+                 "rank %d: peer %d (%s) closed wire %d during the handshake",
+                 tp->rank, k->peer, k->name, k->wire);
+        return;
+    }
+    k->hgot += (size_t)nread;
+    if (k->state == CONN_HELLO_WAIT) {
+        /* Reject garbage as soon as its first word shows it. */
+        if (k->hgot >= 4 && get32(k->hbuf) != HELLO_MAGIC)
+            return reject(k, "not a weft hello (bad magic)");
+        if (k->hgot == HELLO_BYTES)
+            hello_done(k);
+        return;
+    }
+    if (k->hgot == REPLY_BYTES) {
+        uv_read_stop(st);
+        if (get32(k->hbuf) != REPLY_MAGIC ||
+            get32(k->hbuf + 4) != (uint32_t)k->peer) {
+            tcp_fail(tp, WEFT_EAUTH,
+                     "rank %d: %s answered wire %d's hello wrongly: not rank "
+                     "%d of this job",
+                     tp->rank, k->name, k->wire, k->peer);
+            return;
+        }
+        k->state = CONN_UP;
+        tp->peers[k->peer].s[k->wire].c = k;
+        tp->peers[k->peer].s[k->wire].connecting = 0;
+    }
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    tcp_tp *tp = server->data;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    conn *k;
+
+    if (status < 0 || tp->shut)
+        return;
+    k = conn_new(tp);
+    if (k == NULL)
+        return;
+    if (uv_accept(server, (uv_stream_t *)&k->h) != 0) {
+        conn_close(k);
+        return;
+    }
+    strcpy(k->name, "?");
+    if (uv_tcp_getpeername(&k->h, (struct sockaddr *)&ss, &len) == 0 &&
+        ss.ss_family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        char ip[INET_ADDRSTRLEN];
+        uv_ip4_name(sin, ip, sizeof ip);
+        snprintf(k->name, sizeof k->name, "%s:%d", ip, ntohs(sin->sin_port));
+    }
+    k->state = CONN_HELLO_WAIT;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+    k->next = tp->pending;
+    tp->pending = k;
+    uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb);
+    if (!uv_is_active((uv_handle_t *)&tp->housekeep))
+        uv_timer_start(&tp->housekeep, housekeep_cb, RETRY_MS, RETRY_MS);
+}
+
+static void hello_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+    if (status < 0 && !k->closing && !k->tp->shut)
+        tcp_fail(k->tp, WEFT_EPEER,
+                 "rank %d: hello to peer %d wire %d (%s) failed: %s",
+                 k->tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
+}
+
+static void connect_cb(uv_connect_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+    uv_buf_t b;
+
+    if (k->closing || tp->shut)
+        return;
+    if (status < 0) {
+        /* The peer may not listen yet: try again until the deadline. */
+        weft__log(WEFT__LOG_DEBUG, tp->rank, "connect to %s: %s, retrying",
+                  k->name, uv_strerror(status));
+        s->connecting = 0;
+        s->next_try_ms = weft__now_ms() + RETRY_MS;
+        conn_close(k);
+        return;
+    }
+    tune_socket(k);
+    hello_pack(tp, k->out, k->peer, s);
+    b = uv_buf_init((char *)k->out, HELLO_BYTES);
+    k->hreq.data = k;
+    k->state = CONN_REPLY_WAIT;
+    if (uv_write(&k->hreq, (uv_stream_t *)&k->h, &b, 1, hello_write_cb) != 0 ||
+        uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0) {
+        s->connecting = 0;
+        s->next_try_ms = weft__now_ms() + RETRY_MS;
+        conn_close(k);
+    }
+}
+
+static void start_connect(tcp_tp *tp, int p, int w)
+{
+    slot *s = &tp->peers[p].s[w];
+    struct sockaddr_in sa;
+    conn *k;
+
+    if (uv_ip4_addr(s->addr, s->port, &sa) != 0) {
+        tcp_fail(tp, WEFT_ECONFIG, "rank %d: bad address %s for peer %d",
+                 tp->rank, s->addr, p);
+        return;
+    }
+    k = conn_new(tp);
+    if (k == NULL) {
+        tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+        return;
+    }
+    k->peer = p;
+    k->wire = w;
+    k->state = CONN_CONNECTING;
+    snprintf(k->name, sizeof k->name, "%s:%d", s->addr, s->port);
+    k->creq.data = k;
+    s->connecting = 1;
+    if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
+        0) {
+        s->connecting = 0;
+        s->next_try_ms = weft__now_ms() + RETRY_MS;
+        conn_close(k);
+    }
+}
+
+static void housekeep_cb(uv_timer_t *t)
+{
+    tcp_tp *tp = t->data;
+    uint64_t now = weft__now_ms();
+    conn *k, *next;
+    int busy = 0;
+
+    for (k = tp->pending; k != NULL; k = next) {
+        next = k->next;
+        if (now >= k->deadline_ms)
+            reject(k, "no hello within the handshake deadline");
+    }
+    for (int p = 0; p < tp->nranks; p++) {
+        for (int w = 0; w < tp->peers[p].nwires; w++) {
+            slot *s = &tp->peers[p].s[w];
+            if (!s->outgoing || s->c != NULL)
+                continue;
+            busy = 1;
+            if (!s->connecting && now >= s->next_try_ms && tp->err == 0)
+                start_connect(tp, p, w);
+        }
+    }
+    if (!busy && tp->pending == NULL)
+        uv_timer_stop(t);
+}
+
+/* ---- set-up and tear-down ---- */
+
+static void timer_cb(uv_timer_t *t)
+{
+    (void)t; /* waking uv_run is all it is for */
+}
+
+static void async_cb(uv_async_t *a)
+{
+    (void)a;
+}
+
+static int all_up(tcp_tp *tp)
+{
+    for (int p = 0; p < tp->nranks; p++)
+        for (int w = 0; w < tp->peers[p].nwires; w++) {
+            conn *k = tp->peers[p].s[w].c;
+            if (k == NULL || k->state != CONN_UP)
+                return 0;
+        }
+    return 1;
+}
+
+/* Decides the wires to every peer from the hostfile: ranks on one host
+ * talk over loopback; ranks on different hosts over every link joining
+ * their hosts, `wires` connections on each, ordered by link index so both
+ * ends agree. */
+static int plan_slots(tcp_tp *tp)
+{
+    const weft__config *cfg = &tp->c->cfg;
+    int W = cfg->wires;
+
+    tp->peers = calloc((size_t)tp->nranks, sizeof *tp->peers);
+    if (tp->peers == NULL)
+        return WEFT_ENOMEM;
+    for (int p = 0; p < tp->nranks; p++) {
+        int hp = cfg->rank_host[p], hm = cfg->rank_host[tp->rank], n = 0;
+        int lo = p < tp->rank ? p : tp->rank; /* the rank that listens */
+
+        if (p == tp->rank)
+            continue;
+        if (hp == hm)
+            n = W;
+        else
+            for (int l = 0; l < cfg->nlinks; l++) {
+                const weft__link *lk = &cfg->links[l];
+                if ((lk->end[0].host == hp && lk->end[1].host == hm) ||
+                    (lk->end[0].host == hm && lk->end[1].host == hp))
+                    n += W;
+            }
+        if (n == 0)
+            continue;
+        if (n > WEFT__MAX_WIRES)
+            return weft__set_error(tp->c, WEFT_ECONFIG,
+                                   "rank %d: %d wires to peer %d, more than "
+                                   "%d",
+                                   tp->rank, n, p, WEFT__MAX_WIRES);
+        tp->peers[p].s = calloc((size_t)n, sizeof(slot));
+        if (tp->peers[p].s == NULL)
+            return WEFT_ENOMEM;
+        tp->peers[p].nwires = n;
+        n = 0;
+        if (hp == hm) {
+            for (int w = 0; w < W; w++, n++) {
+                slot *s = &tp->peers[p].s[n];
+                s->link = LINK_LOOPBACK;
+                s->lwire = (uint32_t)w;
+                strcpy(s->addr, "127.0.0.1");
+            }
+        } else {
+            for (int l = 0; l < cfg->nlinks; l++) {
+                const weft__link *lk = &cfg->links[l];
+                int lo_end;
+                if (!((lk->end[0].host == hp && lk->end[1].host == hm) ||
+                      (lk->end[0].host == hm && lk->end[1].host == hp)))
+                    continue;
+                lo_end = lk->end[0].host == cfg->rank_host[lo] ? 0 : 1;
+                for (int w = 0; w < W; w++, n++) {
+                    slot *s = &tp->peers[p].s[n];
+                    s->link = (uint32_t)l;
+                    s->lwire = (uint32_t)w;
+                    snprintf(s->addr, sizeof s->addr, "%s",
+                             lk->end[lo_end].addr);
+                }
+            }
+        }
+        for (int w = 0; w < n; w++) {
+            slot *s = &tp->peers[p].s[w];
+            s->outgoing = tp->rank > p;
+            s->port = weft__config_rank_port(cfg, lo);
+        }
+    }
+    return WEFT_OK;
+}
+
+/* Closes connections only (shutdown) or every handle (destroy). */
+static void walk_close_conns(uv_handle_t *h, void *arg)
+{
+    tcp_tp *tp = arg;
+    if (!uv_is_closing(h) && h->type == UV_TCP &&
+        h != (uv_handle_t *)&tp->listener)
+        conn_close(h->data);
+}
+
+static void walk_close_all(uv_handle_t *h, void *arg)
+{
+    walk_close_conns(h, arg);
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+static void tcp_shutdown(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+
+    if (tp == NULL)
+        return;
+    tp->shut = 1;
+    for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
+        for (int w = 0; w < tp->peers[p].nwires; w++) {
+            conn *k = tp->peers[p].s[w].c;
+            if (k != NULL) {
+                k->rq_head = k->rq_tail = NULL;
+                conn_close(k);
+            }
+            tp->peers[p].s[w].c = NULL;
+        }
+    for (conn *k = tp->pending; k != NULL; k = k->next)
+        conn_close(k);
+    tp->pending = NULL;
+    /* Connections still connecting are not in any list: close them too. */
+    uv_walk(&tp->loop, walk_close_conns, tp);
+    /* Close callbacks (and cancelled writes) run in the next iteration. */
+    while (tp->nopen > 0)
+        tcp_run(tp, UV_RUN_NOWAIT);
+}
+
+static void tcp_destroy(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    weft__sigpipe_state sp;
+
+    if (tp == NULL)
+        return;
+    if (tp->handles) {
+        weft__sigpipe_block(&sp);
+        tcp_shutdown(t);
+        uv_walk(&tp->loop, walk_close_all, tp);
+        tcp_run(tp, UV_RUN_DEFAULT);
+        if (uv_loop_close(&tp->loop) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "libuv loop still busy at close");
+        weft__sigpipe_restore(&sp);
+    }
+    for (int p = 0; tp->peers != NULL && p < tp->nranks; p++)
+        free(tp->peers[p].s);
+    free(tp->peers);
+    while (tp->free_wreqs != NULL) {
+        wreq *w = tp->free_wreqs;
+        tp->free_wreqs = w->next;
+        free(w);
+    }
+    free(tp);
+}
+
+static int tcp_create_guarded(struct weft_comm *c, weft__tp **out);
+
+static int tcp_create(struct weft_comm *c, weft__tp **out)
+{
+    weft__sigpipe_state sp;
+    int rc;
+
+    weft__sigpipe_block(&sp);
+    rc = tcp_create_guarded(c, out);
+    weft__sigpipe_restore(&sp);
+    return rc;
+}
+
+static int tcp_create_guarded(struct weft_comm *c, weft__tp **out)
+{
+    const weft__config *cfg = &c->cfg;
+    tcp_tp *tp = calloc(1, sizeof *tp);
+    struct sockaddr_in sa;
+    uint64_t deadline;
+    int rc, port;
+
+    *out = NULL;
+    if (tp == NULL)
+        return WEFT_ENOMEM;
+    tp->c = c;
+    tp->rank = c->rank;
+    tp->nranks = c->nranks;
+    if ((rc = plan_slots(tp)) != 0)
+        goto fail;
+    if (uv_loop_init(&tp->loop) != 0) {
+        rc = weft__set_error(c, WEFT_ETRANSPORT, "cannot create a libuv loop");
+        goto fail;
+    }
+    uv_timer_init(&tp->loop, &tp->timer);
+    uv_timer_init(&tp->loop, &tp->housekeep);
+    tp->housekeep.data = tp;
+    uv_async_init(&tp->loop, &tp->async, async_cb);
+    uv_tcp_init(&tp->loop, &tp->listener);
+    tp->listener.data = tp;
+    tp->handles = 1;
+
+    if (tp->nranks > 1) {
+        /* One host: loopback only, nothing reachable from outside. */
+        port = weft__config_rank_port(cfg, tp->rank);
+        uv_ip4_addr(cfg->nhosts == 1 ? "127.0.0.1" : "0.0.0.0", port, &sa);
+        rc = uv_tcp_bind(&tp->listener, (struct sockaddr *)&sa, 0);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&tp->listener, 128, on_connection);
+        if (rc != 0) {
+            rc = weft__set_error(c, WEFT_ETRANSPORT,
+                                 "rank %d: cannot listen on port %d: %s "
+                                 "(is another job using it? set \"port\" or "
+                                 "\"ports\" in %s)",
+                                 tp->rank, port, uv_strerror(rc),
+                                 cfg->hostfile[0] ? cfg->hostfile
+                                                  : "the hostfile");
+            goto fail;
+        }
+    }
+    deadline = weft__now_ms() + (uint64_t)cfg->connect_timeout_ms;
+    uv_timer_start(&tp->housekeep, housekeep_cb, 0, RETRY_MS);
+    while (!all_up(tp)) {
+        if (tp->err != 0) {
+            rc = tp->err;
+            goto fail;
+        }
+        if (weft__now_ms() >= deadline) {
+            char missing[256] = "";
+            size_t len = 0;
+            for (int p = 0; p < tp->nranks && len < sizeof missing - 16; p++)
+                for (int w = 0; w < tp->peers[p].nwires; w++)
+                    if (tp->peers[p].s[w].c == NULL ||
+                        tp->peers[p].s[w].c->state != CONN_UP) {
+                        len += (size_t)snprintf(missing + len,
+                                                sizeof missing - len, " %d", p);
+                        break;
+                    }
+            rc = weft__set_error(c, WEFT_ETIMEDOUT,
+                                 "rank %d: peers%s not connected within "
+                                 "WEFT_CONNECT_TIMEOUT_MS=%d ms",
+                                 tp->rank, missing, cfg->connect_timeout_ms);
+            goto fail;
+        }
+        uv_timer_start(&tp->timer, timer_cb, deadline - weft__now_ms(), 0);
+        tcp_run(tp, UV_RUN_ONCE);
+    }
+    uv_timer_stop(&tp->timer);
+    *out = (weft__tp *)tp;
+    return WEFT_OK;
+
+fail:
+    tcp_destroy((weft__tp *)tp);
+    return rc;
+}
+
+static int tcp_nwires(weft__tp *t, int p)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
+}
+
+static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    uint64_t now;
+
+    if (tp->err != 0)
+        return tp->err;
+    now = weft__now_ms();
+    if (now >= deadline_ms)
+        return WEFT_ETIMEDOUT;
+    uv_timer_start(&tp->timer, timer_cb, deadline_ms - now, 0);
+    tcp_run(tp, UV_RUN_ONCE);
+    if (tp->err != 0)
+        return tp->err;
+    return WEFT_OK;
+}
+
+static void tcp_wake(weft__tp *t)
+{
+    uv_async_send(&((tcp_tp *)t)->async);
+}
+
+const weft__tp_ops weft__tcp_ops = {
+    .name = "tcp",
+    .create = tcp_create,
+    .destroy = tcp_destroy,
+    .nwires = tcp_nwires,
+    .post_send = tcp_post_send,
+    .post_recv = tcp_post_recv,
+    .progress = tcp_progress,
+    .wake = tcp_wake,
+    .shutdown = tcp_shutdown,
+};

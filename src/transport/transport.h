@@ -1,0 +1,69 @@
+/*
+ * The transport ops table. A transport moves frames on wires and reports
+ * completions; it never knows what a collective is.
+ *
+ * Contract for every implementation:
+ * - Frames posted on one wire in one direction complete in the order they
+ *   were posted. A posted receive of len bytes completes once exactly len
+ *   bytes of that wire's stream have landed in its buffer.
+ * - A completion callback runs only from inside progress(), on the thread
+ *   that called it, never from post_*().
+ * - When post_*() fails, the completion callback will never be called.
+ * - The buffer of a posted frame is borrowed until its completion, or until
+ *   shutdown() returns, after which no frame references any buffer.
+ * - Errors (a peer that closes, a failed completion) are recorded on the
+ *   communicator with weft__set_error() and returned by progress().
+ */
+#ifndef WEFT_TRANSPORT_H
+#define WEFT_TRANSPORT_H
+
+#include "core/internal.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct weft__tp weft__tp;
+
+/* A posted frame. The engine owns it; the transport keeps a pointer to it
+ * until its completion callback has run. */
+typedef struct weft__xfer {
+    void (*done)(struct weft__xfer *x);
+    void *arg;
+    /* Private to the transport while posted. */
+    void *tp_next;
+    char *buf;
+    size_t len;
+    size_t got;
+} weft__xfer;
+
+typedef struct weft__tp_ops {
+    const char *name;
+    /* Opens every wire of the job for c (listens, connects, handshakes with
+     * the job token). Blocks until all wires are up or the connect deadline
+     * passes (WEFT_ETIMEDOUT). On failure nothing is left open. */
+    int (*create)(struct weft_comm *c, weft__tp **out);
+    /* Closes every wire and frees the transport; no callback runs after it
+     * returns. NULL is a no-op. */
+    void (*destroy)(weft__tp *tp);
+    /* Wires to peer (0 if the peer is not directly connected). */
+    int (*nwires)(weft__tp *tp, int peer);
+    int (*post_send)(weft__tp *tp, int peer, int wire, weft__xfer *x);
+    int (*post_recv)(weft__tp *tp, int peer, int wire, weft__xfer *x);
+    /* Runs completions until at least one event happened, the deadline
+     * (weft__now_ms() clock) passed (WEFT_ETIMEDOUT) or a wire failed (its
+     * error). Returns WEFT_OK if something may have progressed. */
+    int (*progress)(weft__tp *tp, uint64_t deadline_ms);
+    /* Makes a progress() blocked in another thread return soon. Safe from
+     * any thread. */
+    void (*wake)(weft__tp *tp);
+    /* Closes every wire after a failure: pending frames are dropped and no
+     * completion runs afterwards. The transport stays allocated. */
+    void (*shutdown)(weft__tp *tp);
+} weft__tp_ops;
+
+extern const weft__tp_ops weft__tcp_ops;
+#ifdef WEFT_HAVE_IBVERBS
+extern const weft__tp_ops weft__ibverbs_ops;
+#endif
+
+#endif
