@@ -823,10 +823,12 @@ enum foreign_kind {
     F_SEND64_CLOSE,
     F_SEND4096_CLOSE,
     F_SEND64_FF_CLOSE,
+    F_WRONG_TOKEN, /* a well-formed hello with the wrong job token */
     F_HALF_OPEN,  /* connects, sends nothing, stays open */
-    F_SEND64_KEEP /* sends 64 bytes, stays open */
+    F_SEND64_KEEP, /* sends 64 bytes, stays open */
+    F_WRONG_TOKEN_KEEP /* wrong-token hello, stays open */
 };
-#define F_NKINDS 7
+#define F_NKINDS 9
 #define FOREIGN_CONNECT_MS 20000
 
 struct foreign_job {
@@ -872,6 +874,24 @@ static void send_garbage(int fd, size_t nbytes, int all_ff)
     (void)s;
 }
 
+/* A hello exactly as the TCP transport's (src/transport/tcp.c: "WEFT",
+ * version 1, from rank, to rank, link (loopback), wire, then the 16-byte
+ * token, all in network byte order) from a rank that would really connect
+ * to `to`, but with a token that is not the job's. */
+static void send_wrong_token_hello(int fd, int to, int nranks)
+{
+    unsigned char h[40];
+    uint32_t words[6] = {0x54464557u, 1u, (uint32_t)((to + 1) % nranks),
+                         (uint32_t)to, 0xffffffffu, 0u};
+    for (int i = 0; i < 6; i++) {
+        uint32_t be = htonl(words[i]);
+        memcpy(h + 4 * i, &be, 4);
+    }
+    memset(h + 24, 0x5a, 16);
+    ssize_t s = send(fd, h, sizeof h, MSG_NOSIGNAL);
+    (void)s;
+}
+
 static _Noreturn void foreigner(const struct mp_job *job)
 {
     for (int r = 0; r < job->nranks; r++) {
@@ -889,10 +909,16 @@ static _Noreturn void foreigner(const struct mp_job *job)
             case F_SEND64_CLOSE: send_garbage(fd, 64, 0); break;
             case F_SEND4096_CLOSE: send_garbage(fd, 4096, 0); break;
             case F_SEND64_FF_CLOSE: send_garbage(fd, 64, 1); break;
+            case F_WRONG_TOKEN:
+                send_wrong_token_hello(fd, r, job->nranks);
+                break;
             case F_HALF_OPEN:
                 continue; /* left open until this process is killed */
             case F_SEND64_KEEP:
                 send_garbage(fd, 64, 0);
+                continue; /* likewise */
+            case F_WRONG_TOKEN_KEEP:
+                send_wrong_token_hello(fd, r, job->nranks);
                 continue; /* likewise */
             }
             close(fd);
