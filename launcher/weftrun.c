@@ -1173,6 +1173,19 @@ static void exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
                                   : 1);
         }
         job_stop(job, SIGTERM);
+    } else if ((exit_status != 0 && term_signal == 0) ||
+               (term_signal != 0 && job->phase == STOP_SEND)) {
+        /* Failed on its own: reaped before weftrun signalled anyone, or
+         * ended with an exit code (weftrun's signals end ranks by signal).
+         * It may well be the root cause: a rank that dies can be reaped
+         * after the peers that saw it die, and libuv reports a batch of
+         * exits in no particular order. */
+        if (term_signal != 0)
+            msg("rank %d (pid %d) was also killed by signal %d (%s)",
+                r->index, r->pid, term_signal, signal_name(term_signal));
+        else
+            msg("rank %d (pid %d) also exited with code %d", r->index, r->pid,
+                (int)exit_status);
     }
     job_check_done(job);
 }

@@ -5,6 +5,7 @@
 #include "core/engine.h"
 #include "core/internal.h"
 #include "core/kernels.h"
+#include "mesh/direct.h"
 #include "ring/ring.h"
 #include "transport/transport.h"
 
@@ -245,6 +246,10 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
+            WEFT__SMALL_ALL_REDUCE_BYTES &&
+        weft__direct_ok(c))
+        return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
     return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
 }
 
@@ -353,5 +358,7 @@ int weft_barrier(weft_comm *c)
         return rc;
     if (c->nranks == 1)
         return WEFT_OK;
+    if (weft__direct_ok(c))
+        return weft__direct_barrier(c);
     return weft__ring_barrier(c);
 }

@@ -135,7 +135,8 @@ static void hdr_pack(uint8_t *b, const run *r, int lane, uint32_t seq,
 
     v[0] = HDR_MAGIC;
     v[1] = (uint32_t)r->op->kind | (uint32_t)r->op->dtype << 8 |
-           (uint32_t)r->op->redop << 16 | (uint32_t)lane << 24;
+           (uint32_t)r->op->redop << 16 |
+           (uint32_t)r->op->lanes[lane].tag << 24;
     v[2] = seq;
     v[3] = (uint32_t)(total ^ (total >> 32));
     memcpy(b, v, sizeof v);
@@ -529,5 +530,41 @@ out:
     }
     for (int l = 0; l < op->nlanes; l++)
         free(r.ws[l]);
+    return rc;
+}
+
+void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
+                   weft_redop redop)
+{
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->name = name;
+    op->dtype = dt;
+    op->redop = redop;
+    op->esize = weft_dtype_size(dt);
+}
+
+weft__step *weft__op_steps(weft__op *op, int lane, int nsteps)
+{
+    weft__step *st = calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *st);
+
+    op->lanes[lane].steps = st;
+    op->lanes[lane].nsteps = nsteps;
+    for (int k = 0; st != NULL && k < nsteps; k++)
+        st[k].send_dep = -1;
+    return st;
+}
+
+int weft__op_run(struct weft_comm *c, weft__op *op)
+{
+    int rc = WEFT_OK;
+
+    for (int l = 0; l < op->nlanes; l++)
+        if (op->lanes[l].steps == NULL)
+            rc = weft__set_error(c, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank, op->name);
+    if (rc == WEFT_OK)
+        rc = weft__engine_run(c, op);
+    for (int l = 0; l < op->nlanes; l++)
+        free(op->lanes[l].steps);
     return rc;
 }

@@ -40,11 +40,14 @@ typedef struct {
 typedef struct {
     int send_peer; /* -1: this lane sends nothing */
     int recv_peer; /* -1: this lane receives nothing */
+    int tag;       /* same on both ends of a channel (ring direction) */
     int nsteps;
     weft__step *steps;
 } weft__lane;
 
-#define WEFT__MAX_LANES 2
+/* Two for a ring (one per direction); more for direct exchanges, one per
+ * peer. */
+#define WEFT__MAX_LANES 16
 
 typedef struct {
     int kind;
@@ -60,6 +63,14 @@ typedef struct {
  * failed (c->failed), the transport is shut down so that no frame refers to
  * the caller's buffers, and c's error message names the cause. */
 int weft__engine_run(struct weft_comm *c, const weft__op *op);
+
+/* Builds an operation: op_init clears it, op_steps gives lane `lane`
+ * nsteps zeroed steps (send_dep -1), and op_run runs it and frees the
+ * steps (also when an allocation failed: then WEFT_ENOMEM). */
+void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
+                   weft_redop redop);
+weft__step *weft__op_steps(weft__op *op, int lane, int nsteps);
+int weft__op_run(struct weft_comm *c, weft__op *op);
 
 /* Frees the engine's staging buffers. */
 void weft__engine_free(struct weft_comm *c);

@@ -21,6 +21,12 @@
 #define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
 #define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
 #define WEFT__ERRMSG_LEN 512
+/* Up to this many bytes gathered (count * size * nranks), all_reduce
+ * gathers every input and reduces locally in rank order: one exchange
+ * with every peer where all are directly connected, else n-1 ring steps,
+ * instead of the 2n-2 steps of reduce-scatter + all-gather. Measured with
+ * bench/thresholds. */
+#define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {

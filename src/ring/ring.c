@@ -23,10 +23,6 @@
  * the second direction. Measured with bench/thresholds. */
 #define BIDIR_MIN_BYTES (256 * 1024)
 
-/* Up to this many bytes gathered (count * size * nranks), all_reduce
- * gathers every input and reduces locally: n-1 latency-bound steps instead
- * of 2n-2. Measured with bench/thresholds. */
-#define SMALL_ALL_REDUCE_BYTES (32 * 1024)
 
 typedef struct {
     size_t off; /* elements */
@@ -64,45 +60,7 @@ static void lane_peers(const struct weft_comm *c, weft__lane *ln, int d)
 
     ln->send_peer = d == 0 ? right : left;
     ln->recv_peer = d == 0 ? left : right;
-}
-
-static weft__step *steps_alloc(weft__op *op, int lane, int nsteps)
-{
-    weft__step *st = calloc((size_t)(nsteps > 0 ? nsteps : 1), sizeof *st);
-
-    op->lanes[lane].steps = st;
-    op->lanes[lane].nsteps = nsteps;
-    return st;
-}
-
-static void op_free(weft__op *op)
-{
-    for (int l = 0; l < op->nlanes; l++)
-        free(op->lanes[l].steps);
-}
-
-static void op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
-                    weft_redop redop)
-{
-    memset(op, 0, sizeof *op);
-    op->kind = kind;
-    op->name = name;
-    op->dtype = dt;
-    op->redop = redop;
-    op->esize = weft_dtype_size(dt);
-}
-
-static int run_op(struct weft_comm *c, weft__op *op)
-{
-    int rc = WEFT_OK;
-
-    for (int l = 0; l < op->nlanes; l++)
-        if (op->lanes[l].steps == NULL)
-            rc = WEFT_ENOMEM;
-    if (rc == WEFT_OK)
-        rc = weft__engine_run(c, op);
-    op_free(op);
-    return rc;
+    ln->tag = d;
 }
 
 /* Small all_reduce: every rank gathers every input (n-1 steps instead of
@@ -139,15 +97,15 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     weft__op op;
     size_t lane_off = 0;
 
-    if (count * es * (size_t)n <= SMALL_ALL_REDUCE_BYTES)
+    if (count * es * (size_t)n <= WEFT__SMALL_ALL_REDUCE_BYTES)
         return all_reduce_small(c, sendbuf, recvbuf, count, dt, redop);
-    op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
+    weft__op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d reduces elements [lane_off, lane_off + m). */
         size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
-        weft__step *st = steps_alloc(&op, d, 2 * n - 2);
+        weft__step *st = weft__op_steps(&op, d, 2 * n - 2);
 
         lane_peers(c, &op.lanes[d], d);
         if (st == NULL)
@@ -169,7 +127,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
         }
         lane_off += m;
     }
-    return run_op(c, &op);
+    return weft__op_run(c, &op);
 }
 
 int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
@@ -186,13 +144,13 @@ int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
      * (memmove: in the in-place forms the two may overlap). */
     if ((const char *)sendbuf != rb + (size_t)c->rank * bytes)
         memmove(rb + (size_t)c->rank * bytes, sendbuf, bytes);
-    op_init(&op, kind, name, dt, WEFT_SUM);
+    weft__op_init(&op, kind, name, dt, WEFT_SUM);
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d moves elements [lane_off, lane_off + m) of every block. */
         size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
-        weft__step *st = steps_alloc(&op, d, n - 1);
+        weft__step *st = weft__op_steps(&op, d, n - 1);
 
         lane_peers(c, &op.lanes[d], d);
         if (st == NULL)
@@ -209,7 +167,7 @@ int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
         }
         lane_off += m;
     }
-    return run_op(c, &op);
+    return weft__op_run(c, &op);
 }
 
 int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
@@ -228,12 +186,12 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
      * caller's and stays untouched. */
     if ((rc = weft__scratch(c, bytes * (size_t)n, (void **)&scratch)) != 0)
         return rc;
-    op_init(&op, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dt, redop);
+    weft__op_init(&op, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dt, redop);
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
         size_t m = op.nlanes == 1 ? recvcount : chunk(recvcount, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
-        weft__step *st = steps_alloc(&op, d, n - 1);
+        weft__step *st = weft__op_steps(&op, d, n - 1);
 
         lane_peers(c, &op.lanes[d], d);
         if (st == NULL)
@@ -257,7 +215,7 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
         }
         lane_off += m;
     }
-    return run_op(c, &op);
+    return weft__op_run(c, &op);
 }
 
 int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
@@ -271,12 +229,12 @@ int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
 
     /* A pipelined chain from the root; with two lanes, one chain each way
      * around the ring, each carrying half of the buffer. */
-    op_init(&op, WEFT__OP_BROADCAST, "broadcast", dt, WEFT_SUM);
+    weft__op_init(&op, WEFT__OP_BROADCAST, "broadcast", dt, WEFT_SUM);
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
         size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
         int pos = d == 0 ? mod(c->rank - root, n) : mod(root - c->rank, n);
-        weft__step *st = steps_alloc(&op, d, 1);
+        weft__step *st = weft__op_steps(&op, d, 1);
         weft__lane *ln = &op.lanes[d];
 
         lane_peers(c, ln, d);
@@ -299,7 +257,7 @@ int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
         }
         lane_off += m;
     }
-    return run_op(c, &op);
+    return weft__op_run(c, &op);
 }
 
 int weft__ring_barrier(struct weft_comm *c)
@@ -314,28 +272,4 @@ int weft__ring_barrier(struct weft_comm *c)
     flags[c->rank] = 1;
     return weft__ring_all_gather(c, flags + c->rank, flags, 1, WEFT_UINT8,
                                  WEFT__OP_BARRIER, "barrier");
-}
-
-int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
-              int peer, int is_send)
-{
-    weft__op op;
-    weft__step *st;
-
-    op_init(&op, WEFT__OP_P2P, is_send ? "send" : "recv", dt, WEFT_SUM);
-    op.nlanes = 1;
-    st = steps_alloc(&op, 0, 1);
-    op.lanes[0].send_peer = is_send ? peer : -1;
-    op.lanes[0].recv_peer = is_send ? -1 : peer;
-    if (st != NULL) {
-        st[0].send_dep = -1;
-        if (is_send) {
-            st[0].send_buf = buf;
-            st[0].send_len = count * op.esize;
-        } else {
-            st[0].recv_dst = buf;
-            st[0].recv_len = count * op.esize;
-        }
-    }
-    return run_op(c, &op);
 }

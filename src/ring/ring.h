@@ -20,8 +20,5 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
 int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
                          weft_dtype dt, int root);
 int weft__ring_barrier(struct weft_comm *c);
-/* Point to point over the direct wires to peer. */
-int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
-              int peer, int is_send);
 
 #endif

@@ -610,6 +610,11 @@ static void housekeep_cb(uv_timer_t *t)
     conn *k, *next;
     int busy = 0;
 
+    if (tp->shut) {
+        uv_timer_stop(t);
+        return;
+    }
+
     for (k = tp->pending; k != NULL; k = next) {
         next = k->next;
         if (now >= k->deadline_ms)
@@ -747,6 +752,9 @@ static void tcp_shutdown(weft__tp *t)
     if (tp == NULL)
         return;
     tp->shut = 1;
+    /* No more connect retries: the slots are emptied below, and a retry
+     * would open new connections while we wait for these to close. */
+    uv_timer_stop(&tp->housekeep);
     for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
         for (int w = 0; w < tp->peers[p].nwires; w++) {
             conn *k = tp->peers[p].s[w].c;
@@ -761,9 +769,13 @@ static void tcp_shutdown(weft__tp *t)
     tp->pending = NULL;
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
-    /* Close callbacks (and cancelled writes) run in the next iteration. */
-    while (tp->nopen > 0)
+    /* Close callbacks (and cancelled writes) run in the next iteration; the
+     * bound only guards against a bug turning this into a spin. */
+    for (int i = 0; tp->nopen > 0 && i < 1000; i++)
         tcp_run(tp, UV_RUN_NOWAIT);
+    if (tp->nopen > 0)
+        weft__log(WEFT__LOG_ERROR, tp->rank,
+                  "%d connections did not close at shutdown", tp->nopen);
 }
 
 static void tcp_destroy(weft__tp *t)

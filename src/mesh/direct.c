@@ -1,0 +1,103 @@
+/* Direct algorithms; see direct.h. */
+#include "mesh/direct.h"
+
+#include "core/engine.h"
+#include "core/kernels.h"
+#include "transport/transport.h"
+
+#include <string.h>
+
+int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
+              int peer, int is_send)
+{
+    weft__op op;
+    weft__step *st;
+
+    weft__op_init(&op, WEFT__OP_P2P, is_send ? "send" : "recv", dt, WEFT_SUM);
+    op.nlanes = 1;
+    st = weft__op_steps(&op, 0, 1);
+    op.lanes[0].send_peer = is_send ? peer : -1;
+    op.lanes[0].recv_peer = is_send ? -1 : peer;
+    if (st != NULL) {
+        if (is_send) {
+            st[0].send_buf = buf;
+            st[0].send_len = count * op.esize;
+        } else {
+            st[0].recv_dst = buf;
+            st[0].recv_len = count * op.esize;
+        }
+    }
+    return weft__op_run(c, &op);
+}
+
+int weft__direct_ok(const struct weft_comm *c)
+{
+    if (c->nranks - 1 > WEFT__MAX_LANES ||
+        strcmp(c->cfg.topology, "ring") == 0)
+        return 0;
+    for (int p = 0; p < c->nranks; p++)
+        if (p != c->rank && c->tpo->nwires(c->tp, p) == 0)
+            return 0;
+    return 1;
+}
+
+/* Sends this rank's bytes to every peer and gathers every peer's bytes
+ * into all (rank p's at p * bytes), in one step. */
+static int exchange(struct weft_comm *c, int kind, const char *name,
+                    char *all, size_t bytes, weft_dtype dt, weft_redop redop)
+{
+    weft__op op;
+    int l = 0;
+
+    weft__op_init(&op, kind, name, dt, redop);
+    op.nlanes = c->nranks - 1;
+    for (int p = 0; p < c->nranks; p++) {
+        weft__step *st;
+
+        if (p == c->rank)
+            continue;
+        st = weft__op_steps(&op, l, 1);
+        op.lanes[l].send_peer = p;
+        op.lanes[l].recv_peer = p;
+        if (st != NULL) {
+            st[0].send_buf = all + (size_t)c->rank * bytes;
+            st[0].send_len = bytes;
+            st[0].recv_dst = all + (size_t)p * bytes;
+            st[0].recv_len = bytes;
+        }
+        l++;
+    }
+    return weft__op_run(c, &op);
+}
+
+int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
+                            void *recvbuf, size_t count, weft_dtype dt,
+                            weft_redop redop)
+{
+    const size_t bytes = count * weft_dtype_size(dt);
+    char *all;
+    int rc;
+
+    if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
+        return rc;
+    memcpy(all + (size_t)c->rank * bytes, sendbuf, bytes);
+    rc = exchange(c, WEFT__OP_ALL_REDUCE, "all_reduce", all, bytes, dt, redop);
+    if (rc != 0)
+        return rc;
+    weft__reduce3(recvbuf, all, all + bytes, count, dt, redop);
+    for (int i = 2; i < c->nranks; i++)
+        weft__reduce(recvbuf, all + (size_t)i * bytes, count, dt, redop);
+    return WEFT_OK;
+}
+
+int weft__direct_barrier(struct weft_comm *c)
+{
+    char *flags;
+    int rc;
+
+    if ((rc = weft__scratch(c, (size_t)c->nranks, (void **)&flags)) != 0)
+        return rc;
+    flags[c->rank] = 1;
+    return exchange(c, WEFT__OP_BARRIER, "barrier", flags, 1, WEFT_UINT8,
+                    WEFT_SUM);
+}

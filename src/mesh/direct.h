@@ -1,0 +1,28 @@
+/*
+ * Direct algorithms, for ranks joined pairwise: point to point, and the
+ * small operations where one exchange with every peer beats n-1 ring steps.
+ * Arguments are already validated by the caller.
+ */
+#ifndef WEFT_DIRECT_H
+#define WEFT_DIRECT_H
+
+#include "core/internal.h"
+
+/* Point to point over the direct wires to peer. */
+int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
+              int peer, int is_send);
+
+/* 1 when every pair of ranks has direct wires, the job is small enough for
+ * one lane per peer, and the topology allows it (not "ring"). */
+int weft__direct_ok(const struct weft_comm *c);
+
+/* all_reduce by one exchange of every rank's input with every peer, then a
+ * local reduction in rank order 0..n-1 (bitwise identical everywhere). */
+int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
+                            void *recvbuf, size_t count, weft_dtype dt,
+                            weft_redop redop);
+
+/* A barrier by one exchange of a byte with every peer. */
+int weft__direct_barrier(struct weft_comm *c);
+
+#endif
