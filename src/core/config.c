@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CFG_ERR(...) (snprintf(errmsg, errlen, __VA_ARGS__), WEFT_ECONFIG)
 
@@ -368,6 +369,10 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
                       WEFT__DEFAULT_FRAME_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->frame_bytes = (size_t)v & ~(size_t)7; /* whole elements of any dtype */
+    if ((rc = env_int("WEFT_SOCKBUF_BYTES", 0, 1L << 30,
+                      WEFT__DEFAULT_SOCKBUF_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->sockbuf_bytes = (int)v;
 
     s = getenv("WEFT_JOB_TOKEN");
     if (s != NULL && *s != '\0') {
@@ -387,6 +392,18 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
 
     if ((rc = load_hostfile(cfg, errmsg, errlen)) != 0)
         return rc;
+
+    /* Spinning pays only with a core per local rank; oversubscribed, it
+     * steals the core the peer needs to answer. */
+    {
+        const weft__host *h = &cfg->hosts[cfg->rank_host[cfg->rank]];
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        long dflt = ncpu > 0 && h->nranks <= ncpu ? WEFT__DEFAULT_SPIN_US : 0;
+        if ((rc = env_int("WEFT_SPIN_US", 0, 1000000, dflt, &v, errmsg,
+                          errlen)) != 0)
+            return rc;
+        cfg->spin_us = (int)v;
+    }
 
     s = getenv("WEFT_TRANSPORT");
     if (s != NULL && *s != '\0')

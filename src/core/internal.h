@@ -20,6 +20,8 @@
 #define WEFT__DEFAULT_TIMEOUT_MS 300000
 #define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
 #define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
+#define WEFT__DEFAULT_SOCKBUF_BYTES (4 << 20)
+#define WEFT__DEFAULT_SPIN_US 50
 #define WEFT__ERRMSG_LEN 512
 /* Up to this many bytes gathered (count * size * nranks), all_reduce
  * gathers every input and reduces locally in rank order: one exchange
@@ -56,6 +58,8 @@ typedef struct weft__config {
     int connect_timeout_ms;
     int wires;          /* connections per peer per link */
     size_t frame_bytes; /* pipeline frame size */
+    int sockbuf_bytes;  /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
+    int spin_us;        /* poll this long before sleeping in a wait */
     char transport[16]; /* "tcp" or "ibverbs" */
     char topology[16];  /* "ring", "mesh" or "auto" */
     uint8_t token[WEFT__TOKEN_BYTES];

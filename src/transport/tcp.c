@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #define HELLO_MAGIC 0x54464557u /* "WEFT" */
@@ -34,7 +35,6 @@
 #define LINK_LOOPBACK 0xffffffffu
 #define HANDSHAKE_MS 5000
 #define RETRY_MS 25
-#define SOCKBUF_BYTES (4 << 20)
 
 typedef struct tcp_tp tcp_tp;
 
@@ -56,6 +56,10 @@ typedef struct conn {
     uv_connect_t creq;
     weft__xfer *rq_head; /* posted receives, oldest first */
     weft__xfer *rq_tail;
+    weft__xfer *sq_head; /* posted sends not yet handed to libuv */
+    weft__xfer *sq_tail;
+    int dirty;               /* in tp->dirty: has queued sends */
+    struct conn *dirty_next;
     struct conn *next; /* in tp->pending while the handshake runs */
     char name[96];     /* "127.0.0.1:port" of the other end, for logs */
 } conn;
@@ -78,11 +82,16 @@ typedef struct {
     slot *s;
 } peer;
 
+/* One write of a batch of frames; they complete together, in order. */
 typedef struct wreq {
     uv_write_t req;
-    weft__xfer *x;
+    weft__xfer *first;
+    int n;
     struct wreq *next;
 } wreq;
+
+/* Frames per write: enough to batch a pump's worth of posts. */
+#define BATCH_MAX 64
 
 struct tcp_tp {
     uv_loop_t loop;
@@ -100,6 +109,9 @@ struct tcp_tp {
     int shut;     /* shutdown() ran: completions are dropped */
     int handles;  /* loop-level handles initialised */
     wreq *free_wreqs;
+    conn *dirty;     /* connections with queued sends */
+    unsigned events; /* completions and wake-ups, for spinning */
+    uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };
 
 /* ---- loop helpers ---- */
@@ -174,14 +186,16 @@ static void pending_remove(tcp_tp *tp, conn *k)
 
 static void tune_socket(conn *k)
 {
-    int sz = SOCKBUF_BYTES;
+    int sz = k->tp->c->cfg.sockbuf_bytes;
 
     uv_tcp_nodelay(&k->h, 1);
-    /* Big buffers keep several frames in flight on a fast link. A refusal
-     * (a capped system) only costs speed, so it is not an error. */
-    uv_send_buffer_size((uv_handle_t *)&k->h, &sz);
-    sz = SOCKBUF_BYTES;
-    uv_recv_buffer_size((uv_handle_t *)&k->h, &sz);
+    /* A refusal (a capped system) only costs speed, so it is not an
+     * error. 0 leaves the buffers to the kernel's autotuning. */
+    if (sz > 0) {
+        uv_send_buffer_size((uv_handle_t *)&k->h, &sz);
+        sz = k->tp->c->cfg.sockbuf_bytes;
+        uv_recv_buffer_size((uv_handle_t *)&k->h, &sz);
+    }
 }
 
 /* ---- the data path ---- */
@@ -209,6 +223,7 @@ static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (nread > 0) {
         weft__xfer *x = k->rq_head;
+        tp->events++;
         x->got += (size_t)nread;
         if (x->got == x->len) {
             k->rq_head = x->tp_next;
@@ -249,7 +264,8 @@ static void data_write_cb(uv_write_t *req, int status)
     wreq *w = (wreq *)req;
     conn *k = req->handle->data;
     tcp_tp *tp = k->tp;
-    weft__xfer *x = w->x;
+    weft__xfer *x = w->first;
+    int n = w->n;
 
     w->next = tp->free_wreqs;
     tp->free_wreqs = w;
@@ -263,7 +279,72 @@ static void data_write_cb(uv_write_t *req, int status)
                  tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
         return;
     }
-    x->done(x);
+    tp->events++;
+    for (int i = 0; i < n && x != NULL; i++) {
+        /* done() may post again and reuse the link: read it first. */
+        weft__xfer *next = x->tp_next;
+        x->tp_next = NULL;
+        x->done(x);
+        if (tp->err != 0)
+            return;
+        x = next;
+    }
+}
+
+/* Hands every queued send to libuv, one write (one writev) per batch of
+ * up to BATCH_MAX frames per connection: a header and its first frames, or
+ * the frames of several steps, leave in one system call. */
+static void tcp_flush(tcp_tp *tp)
+{
+    while (tp->dirty != NULL && tp->err == 0) {
+        conn *k = tp->dirty;
+        uv_buf_t bufs[BATCH_MAX];
+        weft__xfer *x = k->sq_head;
+        wreq *r;
+        int n = 0, rc;
+
+        tp->dirty = k->dirty_next;
+        k->dirty = 0;
+        k->dirty_next = NULL;
+        if (x == NULL || k->closing)
+            continue;
+        r = tp->free_wreqs;
+        if (r != NULL)
+            tp->free_wreqs = r->next;
+        else if ((r = malloc(sizeof *r)) == NULL) {
+            tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+            return;
+        }
+        r->first = x;
+        for (weft__xfer *y = x; y != NULL && n < BATCH_MAX; y = y->tp_next)
+            bufs[n++] = uv_buf_init(y->buf, (unsigned int)y->len);
+        r->n = n;
+        /* Unlink the batch; what is left stays queued for the next one. */
+        {
+            weft__xfer *last = x;
+            for (int i = 1; i < n; i++)
+                last = last->tp_next;
+            k->sq_head = last->tp_next;
+            last->tp_next = NULL;
+            if (k->sq_head == NULL)
+                k->sq_tail = NULL;
+            else {
+                k->dirty = 1;
+                k->dirty_next = tp->dirty;
+                tp->dirty = k;
+            }
+        }
+        rc = uv_write(&r->req, (uv_stream_t *)&k->h, bufs, (unsigned int)n,
+                      data_write_cb);
+        if (rc != 0) {
+            r->next = tp->free_wreqs;
+            tp->free_wreqs = r;
+            tcp_fail(tp, rc == UV_EPIPE ? WEFT_EPEER : WEFT_ETRANSPORT,
+                     "rank %d: send to peer %d on wire %d (%s) failed: %s",
+                     tp->rank, k->peer, k->wire, k->name, uv_strerror(rc));
+            return;
+        }
+    }
 }
 
 static conn *wire_conn(tcp_tp *tp, int p, int w)
@@ -277,9 +358,6 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
 {
     tcp_tp *tp = (tcp_tp *)t;
     conn *k = wire_conn(tp, p, w);
-    wreq *r;
-    uv_buf_t b;
-    int rc;
 
     if (tp->err != 0)
         return tp->err;
@@ -287,21 +365,17 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
         return weft__set_error(tp->c, WEFT_ETRANSPORT,
                                "rank %d: no wire %d to peer %d", tp->rank, w,
                                p);
-    r = tp->free_wreqs;
-    if (r != NULL)
-        tp->free_wreqs = r->next;
-    else if ((r = malloc(sizeof *r)) == NULL)
-        return WEFT_ENOMEM;
-    r->x = x;
-    b = uv_buf_init(x->buf, (unsigned int)x->len);
-    rc = uv_write(&r->req, (uv_stream_t *)&k->h, &b, 1, data_write_cb);
-    if (rc != 0) {
-        r->next = tp->free_wreqs;
-        tp->free_wreqs = r;
-        tcp_fail(tp, rc == UV_EPIPE ? WEFT_EPEER : WEFT_ETRANSPORT,
-                 "rank %d: send to peer %d on wire %d (%s) failed: %s",
-                 tp->rank, p, w, k->name, uv_strerror(rc));
-        return tp->err;
+    /* Queued, not written: progress() writes what a pump posted at once. */
+    x->tp_next = NULL;
+    if (k->sq_tail != NULL)
+        k->sq_tail->tp_next = x;
+    else
+        k->sq_head = x;
+    k->sq_tail = x;
+    if (!k->dirty) {
+        k->dirty = 1;
+        k->dirty_next = tp->dirty;
+        tp->dirty = k;
     }
     return WEFT_OK;
 }
@@ -643,7 +717,7 @@ static void timer_cb(uv_timer_t *t)
 
 static void async_cb(uv_async_t *a)
 {
-    (void)a;
+    ((tcp_tp *)a->data)->events++;
 }
 
 static int all_up(tcp_tp *tp)
@@ -760,6 +834,7 @@ static void tcp_shutdown(weft__tp *t)
             conn *k = tp->peers[p].s[w].c;
             if (k != NULL) {
                 k->rq_head = k->rq_tail = NULL;
+                k->sq_head = k->sq_tail = NULL;
                 conn_close(k);
             }
             tp->peers[p].s[w].c = NULL;
@@ -767,6 +842,7 @@ static void tcp_shutdown(weft__tp *t)
     for (conn *k = tp->pending; k != NULL; k = k->next)
         conn_close(k);
     tp->pending = NULL;
+    tp->dirty = NULL;
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
     /* Close callbacks (and cancelled writes) run in the next iteration; the
@@ -843,6 +919,8 @@ static int tcp_create_guarded(struct weft_comm *c, weft__tp **out)
     uv_timer_init(&tp->loop, &tp->housekeep);
     tp->housekeep.data = tp;
     uv_async_init(&tp->loop, &tp->async, async_cb);
+    tp->async.data = tp;
+    tp->spin_ns = (uint64_t)c->cfg.spin_us * 1000u;
     uv_tcp_init(&tp->loop, &tp->listener);
     tp->listener.data = tp;
     tp->handles = 1;
@@ -907,13 +985,34 @@ static int tcp_nwires(weft__tp *t, int p)
     return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
 {
     tcp_tp *tp = (tcp_tp *)t;
+    unsigned ev = tp->events;
     uint64_t now;
 
+    tcp_flush(tp);
     if (tp->err != 0)
         return tp->err;
+    /* With a core to spare, poll a little before sleeping: waking a
+     * sleeping process costs more than a short message takes to arrive. */
+    if (tp->spin_ns > 0) {
+        uint64_t t0 = now_ns();
+        do {
+            uv_run(&tp->loop, UV_RUN_NOWAIT);
+            if (tp->err != 0)
+                return tp->err;
+            if (tp->events != ev)
+                return WEFT_OK;
+        } while (now_ns() - t0 < tp->spin_ns);
+    }
     now = weft__now_ms();
     if (now >= deadline_ms)
         return WEFT_ETIMEDOUT;
