@@ -3,14 +3,59 @@
  * fails in the middle in the way argv[1] asks ("exit": _exit(7) without
  * finalize; "stop": SIGSTOP itself; "ok": nothing). Ranks whose operation
  * fails print the error and exit 3, as a real program would.
+ *
+ * "abort" exercises weft_abort() from a second thread (CI runs it under
+ * ThreadSanitizer): the other ranks stay away from rank 0's all_reduce
+ * until it was aborted, and all exit 0 when the outcome is the documented
+ * one.
  */
 #include <weft.h>
 
+#include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+static void *abort_later(void *arg)
+{
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    weft_abort(arg);
+    return NULL;
+}
+
+/* Rank 0 blocks in an all_reduce that the victim never joins, until a
+ * second thread aborts it; the victim then sees the aborted rank go. */
+static int abort_mode(weft_comm *c, int victim)
+{
+    float v = 1.0f;
+    int rc;
+
+    if (weft_rank(c) == 0) {
+        pthread_t t;
+        pthread_create(&t, NULL, abort_later, c);
+        rc = weft_all_reduce(c, &v, &v, 1, WEFT_FLOAT32, WEFT_SUM);
+        pthread_join(t, NULL);
+        if (rc != WEFT_EABORTED ||
+            weft_barrier(c) != WEFT_EABORTED) {
+            fprintf(stderr, "expected WEFT_EABORTED, got %s: %s\n",
+                    weft_err_name(rc), weft_last_error(c));
+            weft_finalize(c);
+            return 1;
+        }
+        weft_finalize(c);
+        return 0;
+    }
+    /* Every other rank keeps its wires open, without joining, well past
+     * the abort (any operation would meet rank 0's all_reduce). */
+    (void)victim;
+    sleep(3);
+    weft_finalize(c);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -25,6 +70,8 @@ int main(int argc, char **argv)
                 weft_last_error(NULL));
         return 2;
     }
+    if (strcmp(mode, "abort") == 0)
+        return abort_mode(c, victim);
     for (int i = 0; i < 10; i++) {
         if (i == 5 && weft_rank(c) == victim) {
             if (strcmp(mode, "exit") == 0)

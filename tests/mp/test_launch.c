@@ -97,3 +97,14 @@ Test(launch, rank_stopped_mid_operation, .timeout = 90)
               "weftrun did not name the failed rank:\n%s", err);
     cr_assert(secs >= 1.0, "ended after %.1f s, before the deadline", secs);
 }
+
+Test(launch, abort_from_second_thread, .timeout = 90)
+{
+    char err[16384];
+    double secs;
+    int code = launch(20000, "abort", err, sizeof err, &secs);
+
+    cr_assert_eq(code, 0, "weftrun exited %d:\n%s", code, err);
+    cr_assert(secs < 15, "took %.1f s: the abort did not wake the call",
+              secs);
+}
