@@ -247,7 +247,7 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         return WEFT_OK;
     }
     if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
-            WEFT__SMALL_ALL_REDUCE_BYTES &&
+            c->cfg.small_all_reduce_bytes &&
         weft__direct_ok(c))
         return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
     return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);

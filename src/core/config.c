@@ -5,6 +5,7 @@
  * it is usually starting a job by hand.
  */
 #include "core/internal.h"
+#include "core/plan.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -373,6 +374,18 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
                       WEFT__DEFAULT_SOCKBUF_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->sockbuf_bytes = (int)v;
+    if ((rc = env_int("WEFT_MIN_WIRE_BYTES", 1, 1L << 30,
+                      WEFT__MIN_WIRE_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->min_wire_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
+                      WEFT__SMALL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->small_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_BIDIR_MIN_BYTES", 0, 1L << 40,
+                      WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->bidir_min_bytes = (size_t)v;
 
     s = getenv("WEFT_JOB_TOKEN");
     if (s != NULL && *s != '\0') {

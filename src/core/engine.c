@@ -92,7 +92,7 @@ static weft__region step_region(const run *r, size_t len, int nw, int w)
 
     if (len == 0 || nw <= 0)
         return reg;
-    used = weft__plan_wires(len, nw);
+    used = weft__plan_wires(len, nw, r->c->cfg.min_wire_bytes);
     if (w >= used)
         return reg;
     return weft__plan_region(len, used, r->op->esize, w);

@@ -23,12 +23,18 @@
 #define WEFT__DEFAULT_SOCKBUF_BYTES (4 << 20)
 #define WEFT__DEFAULT_SPIN_US 50
 #define WEFT__ERRMSG_LEN 512
-/* Up to this many bytes gathered (count * size * nranks), all_reduce
- * gathers every input and reduces locally in rank order: one exchange
- * with every peer where all are directly connected, else n-1 ring steps,
- * instead of the 2n-2 steps of reduce-scatter + all-gather. Measured with
- * bench/thresholds. */
+/* Default thresholds, each set by an environment variable of the same
+ * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
+ * measured with bench/thresholds.
+ * - Up to SMALL_ALL_REDUCE_BYTES gathered (count * size * nranks),
+ *   all_reduce gathers every input and reduces locally in rank order: one
+ *   exchange with every peer where all are directly connected, else n-1
+ *   ring steps, instead of the 2n-2 steps of reduce-scatter + all-gather.
+ * - From BIDIR_MIN_BYTES, ring operations run both ring directions at once,
+ *   each on half of the data; below, the second direction's extra frames
+ *   cost more than it adds. */
 #define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
+#define WEFT__BIDIR_MIN_BYTES (256 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {
@@ -60,6 +66,9 @@ typedef struct weft__config {
     size_t frame_bytes; /* pipeline frame size */
     int sockbuf_bytes;  /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
     int spin_us;        /* poll this long before sleeping in a wait */
+    size_t min_wire_bytes;        /* plan.h */
+    size_t small_all_reduce_bytes; /* see the defaults above */
+    size_t bidir_min_bytes;
     char transport[16]; /* "tcp" or "ibverbs" */
     char topology[16];  /* "ring", "mesh" or "auto" */
     uint8_t token[WEFT__TOKEN_BYTES];

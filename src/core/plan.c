@@ -1,9 +1,9 @@
 /* The wire planner; see plan.h. Everything here is a pure function. */
 #include "core/plan.h"
 
-int weft__plan_wires(size_t nbytes, int nwires)
+int weft__plan_wires(size_t nbytes, int nwires, size_t min_wire_bytes)
 {
-    size_t want = (nbytes + WEFT__MIN_WIRE_BYTES - 1) / WEFT__MIN_WIRE_BYTES;
+    size_t want = (nbytes + min_wire_bytes - 1) / min_wire_bytes;
 
     if (want < 1)
         want = 1;

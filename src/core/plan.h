@@ -19,11 +19,13 @@ typedef struct {
 
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
- * than what the extra wire adds. Measured with bench/wire-threshold. */
+ * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
+ * and bench/thresholds measures it. */
 #define WEFT__MIN_WIRE_BYTES (64 * 1024)
 
-/* Number of wires a transfer of nbytes uses out of nwires (>= 1). */
-int weft__plan_wires(size_t nbytes, int nwires);
+/* Number of wires a transfer of nbytes uses out of nwires (>= 1): one per
+ * min_wire_bytes (> 0), at most nwires. */
+int weft__plan_wires(size_t nbytes, int nwires, size_t min_wire_bytes);
 
 /* Region of wire w (0 <= w < nwires) in a transfer of nbytes split over
  * nwires wires; nbytes is a multiple of elem_size. */

@@ -18,10 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Below this many bytes an operation runs one lane only: a second lane
- * doubles the frames (and syscalls) for a transfer too small to gain from
- * the second direction. Measured with bench/thresholds. */
-#define BIDIR_MIN_BYTES (256 * 1024)
 
 
 typedef struct {
@@ -49,7 +45,7 @@ static int real_rank(int v, int n, int d)
 
 static int lanes_for(const struct weft_comm *c, size_t nbytes)
 {
-    return c->nranks >= 3 && nbytes >= BIDIR_MIN_BYTES ? 2 : 1;
+    return c->nranks >= 3 && nbytes >= c->cfg.bidir_min_bytes ? 2 : 1;
 }
 
 /* Sets the neighbours of lane d: direction 0 sends right, 1 sends left. */
@@ -97,7 +93,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     weft__op op;
     size_t lane_off = 0;
 
-    if (count * es * (size_t)n <= WEFT__SMALL_ALL_REDUCE_BYTES)
+    if (count * es * (size_t)n <= c->cfg.small_all_reduce_bytes)
         return all_reduce_small(c, sendbuf, recvbuf, count, dt, redop);
     weft__op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
     op.nlanes = lanes_for(c, count * es);

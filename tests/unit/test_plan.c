@@ -14,7 +14,7 @@
 
 static void check_plan(size_t n, int nw, size_t es)
 {
-    int used = weft__plan_wires(n, nw);
+    int used = weft__plan_wires(n, nw, WEFT__MIN_WIRE_BYTES);
     size_t next = 0;
 
     cr_assert(used >= 1 && used <= nw, "n=%zu nw=%d used=%d", n, nw, used);
@@ -75,9 +75,9 @@ Test(plan, large_awkward_sizes)
 
 Test(plan, fewer_wires_for_small)
 {
-    cr_assert_eq(weft__plan_wires(0, 3), 1);
-    cr_assert_eq(weft__plan_wires(1, 3), 1);
-    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES, 3), 1);
-    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES + 1, 3), 2);
-    cr_assert_eq(weft__plan_wires(100u << 20, 3), 3);
+    cr_assert_eq(weft__plan_wires(0, 3, WEFT__MIN_WIRE_BYTES), 1);
+    cr_assert_eq(weft__plan_wires(1, 3, WEFT__MIN_WIRE_BYTES), 1);
+    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES, 3, WEFT__MIN_WIRE_BYTES), 1);
+    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES + 1, 3, WEFT__MIN_WIRE_BYTES), 2);
+    cr_assert_eq(weft__plan_wires(100u << 20, 3, WEFT__MIN_WIRE_BYTES), 3);
 }
