@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 #include <uv.h>
 
@@ -34,6 +35,8 @@
 #define REPLY_BYTES 8
 #define LINK_LOOPBACK 0xffffffffu
 #define HANDSHAKE_MS 5000
+#define RX_CAP (256 * 1024) /* read-ahead per connection */
+#define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
 #define RETRY_MS 25
 
 typedef struct tcp_tp tcp_tp;
@@ -60,6 +63,15 @@ typedef struct conn {
     weft__xfer *sq_tail;
     int dirty;               /* in tp->dirty: has queued sends */
     struct conn *dirty_next;
+    /* Bytes read ahead of the posted receives: a wire keeps reading once
+     * started (restarting a read costs epoll_ctl calls on every frame),
+     * and small frames arrive several to a read. */
+    char *rxb;
+    size_t rx_lo, rx_hi; /* unread bytes are rxb[rx_lo, rx_hi) */
+    int rx_direct;       /* the current read lands in the head receive */
+    int rx_end;          /* the stream ended: 0, UV_EOF or an error */
+    int rx_dirty;        /* in tp->rx_dirty: read-ahead to hand out */
+    struct conn *rx_next;
     struct conn *next; /* in tp->pending while the handshake runs */
     char name[96];     /* "127.0.0.1:port" of the other end, for logs */
 } conn;
@@ -110,6 +122,7 @@ struct tcp_tp {
     int handles;  /* loop-level handles initialised */
     wreq *free_wreqs;
     conn *dirty;     /* connections with queued sends */
+    conn *rx_dirty;  /* connections with read-ahead for posted receives */
     unsigned events; /* completions and wake-ups, for spinning */
     uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };
@@ -144,6 +157,7 @@ static void conn_close_cb(uv_handle_t *h)
 {
     conn *k = (conn *)h;
     k->tp->nopen--;
+    free(k->rxb);
     free(k);
 }
 
@@ -200,19 +214,85 @@ static void tune_socket(conn *k)
 
 /* ---- the data path ---- */
 
+static void rx_fail(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    if (k->rx_end == UV_EOF)
+        tcp_fail(tp, WEFT_EPEER,
+                 "rank %d: peer %d closed wire %d (%s) while this rank was "
+                 "receiving",
+                 tp->rank, k->peer, k->wire, k->name);
+    else
+        tcp_fail(tp,
+                 k->rx_end == UV_ECONNRESET || k->rx_end == UV_EPIPE
+                     ? WEFT_EPEER
+                     : WEFT_ETRANSPORT,
+                 "rank %d: receive from peer %d on wire %d (%s) failed: %s",
+                 tp->rank, k->peer, k->wire, k->name, uv_strerror(k->rx_end));
+}
+
+/* Pops the head receive, complete, and runs its completion. */
+static void rx_complete(conn *k)
+{
+    weft__xfer *x = k->rq_head;
+
+    k->rq_head = x->tp_next;
+    if (k->rq_head == NULL)
+        k->rq_tail = NULL;
+    x->tp_next = NULL;
+    k->tp->events++;
+    x->done(x);
+}
+
+/* Hands read-ahead bytes to the posted receives, in order. Runs only
+ * inside progress() (completions may run). */
+static void rx_drain(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    while (k->rq_head != NULL && k->rx_lo < k->rx_hi && tp->err == 0 &&
+           !k->closing) {
+        weft__xfer *x = k->rq_head;
+        size_t n = x->len - x->got;
+        if (n > k->rx_hi - k->rx_lo)
+            n = k->rx_hi - k->rx_lo;
+        memcpy(x->buf + x->got, k->rxb + k->rx_lo, n);
+        x->got += n;
+        k->rx_lo += n;
+        if (x->got == x->len)
+            rx_complete(k);
+    }
+    if (k->rx_lo == k->rx_hi)
+        k->rx_lo = k->rx_hi = 0;
+    /* A receive that the ended stream can no longer fill is a failure; an
+     * end with nothing posted is not (yet): the peer may have sent all it
+     * had to before it left. */
+    if (k->rq_head != NULL && k->rx_lo == k->rx_hi && k->rx_end != 0)
+        rx_fail(k);
+}
+
 static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn *k = h->data;
     weft__xfer *x = k->rq_head;
 
     (void)suggested;
-    if (x == NULL) {
-        buf->base = NULL;
-        buf->len = 0;
+    if (x != NULL && k->rx_lo == k->rx_hi && x->len - x->got >= RX_DIRECT_MIN) {
+        /* Large frames land in place, with no copy. */
+        k->rx_direct = 1;
+        buf->base = x->buf + x->got;
+        buf->len = x->len - x->got;
         return;
     }
-    buf->base = x->buf + x->got;
-    buf->len = x->len - x->got;
+    k->rx_direct = 0;
+    if (k->rx_lo > 0 && k->rx_hi == RX_CAP) {
+        memmove(k->rxb, k->rxb + k->rx_lo, k->rx_hi - k->rx_lo);
+        k->rx_hi -= k->rx_lo;
+        k->rx_lo = 0;
+    }
+    buf->base = k->rxb + k->rx_hi;
+    buf->len = RX_CAP - k->rx_hi;
 }
 
 static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -222,41 +302,32 @@ static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 
     (void)buf;
     if (nread > 0) {
-        weft__xfer *x = k->rq_head;
         tp->events++;
-        x->got += (size_t)nread;
-        if (x->got == x->len) {
-            k->rq_head = x->tp_next;
-            if (k->rq_head == NULL) {
-                k->rq_tail = NULL;
-                uv_read_stop(s);
-                k->reading = 0;
-            }
-            x->tp_next = NULL;
-            x->done(x);
+        if (k->rx_direct) {
+            weft__xfer *x = k->rq_head;
+            x->got += (size_t)nread;
+            if (x->got == x->len)
+                rx_complete(k);
+        } else {
+            k->rx_hi += (size_t)nread;
+            rx_drain(k);
+        }
+        /* Full read-ahead and nothing posted: stop until a receive is
+         * posted, so a peer far ahead is held back by TCP, not memory. */
+        if (k->rx_hi - k->rx_lo == RX_CAP && k->rq_head == NULL &&
+            !k->closing) {
+            uv_read_stop(s);
+            k->reading = 0;
         }
         return;
     }
-    if (nread == 0)
-        return; /* EAGAIN */
-    if (nread == UV_ENOBUFS) {
-        uv_read_stop(s);
-        k->reading = 0;
-        return;
-    }
+    if (nread == 0 || nread == UV_ENOBUFS)
+        return; /* EAGAIN; ENOBUFS cannot happen: rxb always has room */
     uv_read_stop(s);
     k->reading = 0;
-    if (nread == UV_EOF)
-        tcp_fail(tp, WEFT_EPEER,
-                 "rank %d: peer %d closed wire %d (%s) while this rank was "
-                 "receiving",
-                 tp->rank, k->peer, k->wire, k->name);
-    else
-        tcp_fail(tp,
-                 nread == UV_ECONNRESET || nread == UV_EPIPE ? WEFT_EPEER
-                                                             : WEFT_ETRANSPORT,
-                 "rank %d: receive from peer %d on wire %d (%s) failed: %s",
-                 tp->rank, k->peer, k->wire, k->name, uv_strerror((int)nread));
+    k->rx_end = (int)nread;
+    if (k->rq_head != NULL)
+        rx_fail(k);
 }
 
 static void data_write_cb(uv_write_t *req, int status)
@@ -391,6 +462,10 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
         return weft__set_error(tp->c, WEFT_ETRANSPORT,
                                "rank %d: no wire %d to peer %d", tp->rank, w,
                                p);
+    if (k->rxb == NULL && (k->rxb = malloc(RX_CAP)) == NULL)
+        return weft__set_error(tp->c, WEFT_ENOMEM,
+                               "rank %d: no memory for a receive buffer",
+                               tp->rank);
     x->got = 0;
     x->tp_next = NULL;
     if (k->rq_tail != NULL)
@@ -398,7 +473,14 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
     else
         k->rq_head = x;
     k->rq_tail = x;
-    if (!k->reading) {
+    /* Read-ahead (or the stream's end) is handed out by progress(), since
+     * completions never run inside a post. */
+    if ((k->rx_lo < k->rx_hi || k->rx_end != 0) && !k->rx_dirty) {
+        k->rx_dirty = 1;
+        k->rx_next = tp->rx_dirty;
+        tp->rx_dirty = k;
+    }
+    if (!k->reading && k->rx_end == 0) {
         int rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb,
                                data_read_cb);
         if (rc != 0) {
@@ -843,6 +925,7 @@ static void tcp_shutdown(weft__tp *t)
         conn_close(k);
     tp->pending = NULL;
     tp->dirty = NULL;
+    tp->rx_dirty = NULL;
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
     /* Close callbacks (and cancelled writes) run in the next iteration; the
@@ -999,8 +1082,18 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
     uint64_t now;
 
     tcp_flush(tp);
+    while (tp->rx_dirty != NULL && tp->err == 0) {
+        conn *k = tp->rx_dirty;
+        tp->rx_dirty = k->rx_next;
+        k->rx_dirty = 0;
+        k->rx_next = NULL;
+        if (!k->closing)
+            rx_drain(k);
+    }
     if (tp->err != 0)
         return tp->err;
+    if (tp->events != ev)
+        return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: waking a
      * sleeping process costs more than a short message takes to arrive. */
     if (tp->spin_ns > 0) {
@@ -1011,6 +1104,8 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
                 return tp->err;
             if (tp->events != ev)
                 return WEFT_OK;
+            /* Oversubscribed, the peer we wait for may need this core. */
+            sched_yield();
         } while (now_ns() - t0 < tp->spin_ns);
     }
     now = weft__now_ms();
