@@ -330,26 +330,14 @@ static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         rx_fail(k);
 }
 
-static void data_write_cb(uv_write_t *req, int status)
+/* Runs the completions of a batch that has left, in order. */
+static void complete_batch(tcp_tp *tp, wreq *w)
 {
-    wreq *w = (wreq *)req;
-    conn *k = req->handle->data;
-    tcp_tp *tp = k->tp;
     weft__xfer *x = w->first;
     int n = w->n;
 
     w->next = tp->free_wreqs;
     tp->free_wreqs = w;
-    if (tp->shut)
-        return;
-    if (status < 0) {
-        tcp_fail(tp,
-                 status == UV_EPIPE || status == UV_ECONNRESET ? WEFT_EPEER
-                                                               : WEFT_ETRANSPORT,
-                 "rank %d: send to peer %d on wire %d (%s) failed: %s",
-                 tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
-        return;
-    }
     tp->events++;
     for (int i = 0; i < n && x != NULL; i++) {
         /* done() may post again and reuse the link: read it first. */
@@ -360,6 +348,29 @@ static void data_write_cb(uv_write_t *req, int status)
             return;
         x = next;
     }
+}
+
+static void data_write_cb(uv_write_t *req, int status)
+{
+    wreq *w = (wreq *)req;
+    conn *k = req->handle->data;
+    tcp_tp *tp = k->tp;
+
+    if (tp->shut || status < 0) {
+        w->next = tp->free_wreqs;
+        tp->free_wreqs = w;
+    }
+    if (tp->shut)
+        return;
+    if (status < 0) {
+        tcp_fail(tp,
+                 status == UV_EPIPE || status == UV_ECONNRESET ? WEFT_EPEER
+                                                               : WEFT_ETRANSPORT,
+                 "rank %d: send to peer %d on wire %d (%s) failed: %s",
+                 tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
+        return;
+    }
+    complete_batch(tp, w);
 }
 
 /* Hands every queued send to libuv, one write (one writev) per batch of
@@ -405,8 +416,28 @@ static void tcp_flush(tcp_tp *tp)
                 tp->dirty = k;
             }
         }
-        rc = uv_write(&r->req, (uv_stream_t *)&k->h, bufs, (unsigned int)n,
-                      data_write_cb);
+        /* Try a plain writev first: when the socket takes the whole batch
+         * (small frames usually), no write request is made, and libuv
+         * touches no epoll registration. */
+        rc = uv_try_write((uv_stream_t *)&k->h, bufs, (unsigned int)n);
+        if (rc == UV_EAGAIN)
+            rc = 0;
+        if (rc >= 0) {
+            size_t sent = (size_t)rc;
+            int skip = 0;
+            while (skip < n && sent >= bufs[skip].len) {
+                sent -= bufs[skip].len;
+                skip++;
+            }
+            if (skip == n) {
+                complete_batch(tp, r);
+                continue;
+            }
+            bufs[skip].base += sent;
+            bufs[skip].len -= sent;
+            rc = uv_write(&r->req, (uv_stream_t *)&k->h, bufs + skip,
+                          (unsigned int)(n - skip), data_write_cb);
+        }
         if (rc != 0) {
             r->next = tp->free_wreqs;
             tp->free_wreqs = r;
