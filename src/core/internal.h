@@ -34,7 +34,7 @@
  *   each on half of the data; below, the second direction's extra frames
  *   cost more than it adds. */
 #define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
-#define WEFT__BIDIR_MIN_BYTES (256 * 1024)
+#define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {

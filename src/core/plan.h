@@ -21,7 +21,7 @@ typedef struct {
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
  * and bench/thresholds measures it. */
-#define WEFT__MIN_WIRE_BYTES (64 * 1024)
+#define WEFT__MIN_WIRE_BYTES (256 * 1024)
 
 /* Number of wires a transfer of nbytes uses out of nwires (>= 1): one per
  * min_wire_bytes (> 0), at most nwires. */

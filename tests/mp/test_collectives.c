@@ -361,6 +361,12 @@ static void run_job(int nranks, int wires)
 {
     /* Keep an outer setting; otherwise small frames keep the test fast. */
     setenv("WEFT_FRAME_BYTES", "65536", 0);
+    /* Low thresholds, so that these modest counts run every path: several
+     * wires per step, both ring directions, and all_reduce both through the
+     * small (gather) path and reduce-scatter + all-gather. */
+    setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
+    setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
+    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
     struct mp_opts o = {
         .nranks = nranks,
         .wires = wires,

@@ -256,6 +256,9 @@ static int mixed_rank(int rank, int nranks, void *arg)
 
 static void run_job(mp_rank_fn fn, int nranks, int wires)
 {
+    /* Split p2p transfers over the wires from 8 KiB on, so that the sizes
+     * here run several wires per transfer. */
+    setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     struct mp_opts o = {
         .nranks = nranks,
         .wires = wires,
