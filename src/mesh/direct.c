@@ -70,6 +70,49 @@ static int exchange(struct weft_comm *c, int kind, const char *name,
     return weft__op_run(c, &op);
 }
 
+/* Recursive doubling for a power-of-two job: in round k each rank swaps
+ * its partial result with rank ^ 2^k, and both compute lower OP upper, the
+ * same operands in the same order, so every rank ends with the same bits.
+ * log2(n) dependent exchanges of one message each, against one exchange of
+ * n-1 messages: measured faster when ranks share cores. */
+static int all_reduce_doubling(struct weft_comm *c, const void *sendbuf,
+                               void *recvbuf, size_t count, weft_dtype dt,
+                               weft_redop redop)
+{
+    const size_t bytes = count * weft_dtype_size(dt);
+    char *peer_part;
+    int rc;
+
+    if ((rc = weft__scratch(c, bytes, (void **)&peer_part)) != 0)
+        return rc;
+    if (recvbuf != sendbuf)
+        memcpy(recvbuf, sendbuf, bytes);
+    for (int bit = 1; bit < c->nranks; bit <<= 1) {
+        int partner = c->rank ^ bit;
+        weft__op op;
+        weft__step *st;
+
+        weft__op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
+        op.nlanes = 1;
+        st = weft__op_steps(&op, 0, 1);
+        op.lanes[0].send_peer = partner;
+        op.lanes[0].recv_peer = partner;
+        if (st != NULL) {
+            st[0].send_buf = recvbuf;
+            st[0].send_len = bytes;
+            st[0].recv_dst = peer_part;
+            st[0].recv_len = bytes;
+        }
+        if ((rc = weft__op_run(c, &op)) != 0)
+            return rc;
+        if (c->rank < partner)
+            weft__reduce(recvbuf, peer_part, count, dt, redop);
+        else
+            weft__reduce3(recvbuf, peer_part, recvbuf, count, dt, redop);
+    }
+    return WEFT_OK;
+}
+
 int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
                             void *recvbuf, size_t count, weft_dtype dt,
                             weft_redop redop)
@@ -77,6 +120,9 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
     const size_t bytes = count * weft_dtype_size(dt);
     char *all;
     int rc;
+
+    if ((c->nranks & (c->nranks - 1)) == 0)
+        return all_reduce_doubling(c, sendbuf, recvbuf, count, dt, redop);
 
     if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
         return rc;

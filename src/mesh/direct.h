@@ -16,8 +16,10 @@ int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
  * one lane per peer, and the topology allows it (not "ring"). */
 int weft__direct_ok(const struct weft_comm *c);
 
-/* all_reduce by one exchange of every rank's input with every peer, then a
- * local reduction in rank order 0..n-1 (bitwise identical everywhere). */
+/* Small all_reduce: recursive doubling when the job size is a power of
+ * two, else one exchange of every rank's input with every peer and a local
+ * reduction in rank order 0..n-1. Both give bitwise identical results on
+ * every rank. */
 int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
                             void *recvbuf, size_t count, weft_dtype dt,
                             weft_redop redop);
