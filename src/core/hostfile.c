@@ -233,6 +233,28 @@ static int read_file(hf_ctx *c, const char *path, char **out, size_t *len)
 
 /* ---- weft's JSON object ---- */
 
+/* What v is, for "expected X, got Y". */
+static const char *jtype(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
 /* A string field of obj at path: copied to dst (non-empty, shorter than
  * dstlen). Absent and not required: dst is left as it is. */
 static int json_str(hf_ctx *c, json_t *obj, const char *key, char *dst,
@@ -248,7 +270,8 @@ static int json_str(hf_ctx *c, json_t *obj, const char *key, char *dst,
         return WEFT_OK;
     }
     if (!json_is_string(v))
-        return fail(c, "%s%s%s: expected a string", path, sep, key);
+        return fail(c, "%s%s%s: expected a string, got %s", path, sep, key,
+                    jtype(v));
     if (json_string_length(v) >= dstlen || json_string_length(v) == 0)
         return fail(c,
                     "%s%s%s: expected a non-empty string shorter than %zu "
@@ -263,9 +286,12 @@ static int json_str(hf_ctx *c, json_t *obj, const char *key, char *dst,
 
 static int json_port(hf_ctx *c, json_t *v, const char *path, int *out)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-        json_integer_value(v) > 65535)
-        return fail(c, "%s: expected a port number in [1, 65535]", path);
+    if (!json_is_integer(v))
+        return fail(c, "%s: expected a port number in [1, 65535], got %s",
+                    path, jtype(v));
+    if (json_integer_value(v) < 1 || json_integer_value(v) > 65535)
+        return fail(c, "%s: expected a port number in [1, 65535], got %" JSON_INTEGER_FORMAT,
+                    path, json_integer_value(v));
     *out = (int)json_integer_value(v);
     return WEFT_OK;
 }
@@ -317,10 +343,14 @@ static int obj_hosts(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         jr = json_object_get(jh, "ranks");
         if (jr == NULL)
             host->nranks = 1;
-        else if (!json_is_integer(jr) || json_integer_value(jr) < 1 ||
+        else if (!json_is_integer(jr))
+            return fail(c, "%s.ranks: expected an integer in [1, %d], got %s",
+                        path, WEFT__MAX_RANKS, jtype(jr));
+        else if (json_integer_value(jr) < 1 ||
                  json_integer_value(jr) > WEFT__MAX_RANKS)
-            return fail(c, "%s.ranks: expected an integer in [1, %d]", path,
-                        WEFT__MAX_RANKS);
+            return fail(c,
+                        "%s.ranks: expected an integer in [1, %d], got %" JSON_INTEGER_FORMAT,
+                        path, WEFT__MAX_RANKS, json_integer_value(jr));
         else
             host->nranks = (int)json_integer_value(jr);
         total += host->nranks;
@@ -1130,8 +1160,8 @@ int weft__hostfile_load(const char *path, int nranks_expected,
         json_error_t jerr;
         json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
         if (root == NULL)
-            rc = fail(&c, "line %d, column %d: %s (expected JSON: %s)",
-                      jerr.line, jerr.column, jerr.text,
+            rc = fail(&c, "line %d, column %d: %s (reading JSON: %s)",
+                      jerr.line, jerr.column > 0 ? jerr.column : 1, jerr.text,
                       *p == '{' ? "weft's hostfile object"
                                 : "MLX's list of \"ip:port\" lists");
         else if (json_is_object(root))

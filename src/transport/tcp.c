@@ -278,8 +278,8 @@ static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     weft__xfer *x = k->rq_head;
 
     (void)suggested;
-    if (x != NULL && k->rx_lo == k->rx_hi && x->len - x->got >= RX_DIRECT_MIN) {
-        /* Large frames land in place, with no copy. */
+    if (x != NULL && k->rx_lo == k->rx_hi && x->len >= RX_DIRECT_MIN) {
+        /* Large frames land in place, with no copy, to their last byte. */
         k->rx_direct = 1;
         buf->base = x->buf + x->got;
         buf->len = x->len - x->got;
@@ -293,6 +293,18 @@ static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
     buf->base = k->rxb + k->rx_hi;
     buf->len = RX_CAP - k->rx_hi;
+    if (x != NULL) {
+        /* Small receives are posted: read those (a header and the small
+         * frame after it, typically) in one go, but not into a large frame
+         * that follows, which is better read in place. */
+        size_t want = x->len - x->got;
+        weft__xfer *y = x->tp_next;
+        for (; y != NULL && y->len < RX_DIRECT_MIN; y = y->tp_next)
+            want += y->len;
+        if (k->rx_hi - k->rx_lo < want && want - (k->rx_hi - k->rx_lo) <
+                                              buf->len)
+            buf->len = want - (k->rx_hi - k->rx_lo);
+    }
 }
 
 static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
