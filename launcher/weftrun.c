@@ -22,8 +22,9 @@
  * told to stop by a signal, it forwards that signal and exits 128+signal.
  * 127 means PROGRAM could not be started, 2 a usage error.
  *
- * Multi-host launching (--hostfile, --launch-cmd, --check) is parsed but not
- * implemented yet; those flags are a usage error (exit 2) that says so.
+ * With --hostfile, the ranks are placed on the hostfile's hosts (numbered
+ * along the ring it forms) and started through --launch-cmd, directly for
+ * this host, or over ssh; --check only validates and describes the file.
  */
 #define _GNU_SOURCE
 
@@ -50,6 +51,8 @@
 
 #include <jansson.h>
 #include <uv.h>
+
+#include "core/hostfile.h"
 
 #define WEFTRUN_MAX_RANKS 4096
 #define WEFTRUN_DEFAULT_GRACE_MS 3000
@@ -122,9 +125,9 @@ struct opts {
     const char *topology;  /* NULL when not given */
     int timeout_ms;        /* 0 when not given */
     int grace_ms;
-    const char *hostfile;   /* parsed, not yet supported */
-    const char *launch_cmd; /* parsed, not yet supported */
-    int check;              /* parsed, not yet supported */
+    const char *hostfile;   /* NULL for -n N on this host */
+    const char *launch_cmd; /* NULL: ssh, or directly for this host */
+    int check;              /* --check: describe the hostfile, run nothing */
     const char **xvars;     /* the -x arguments, in order */
     int nxvars;
     char **prog_argv; /* PROGRAM ARGS..., NULL-terminated, points into argv */
@@ -179,11 +182,11 @@ static void print_usage(FILE *f)
         "\n"
         "Options (before PROGRAM):\n"
         "  -n, -np N          number of ranks, 1..4096\n"
-        "  --hostfile FILE    hosts and links (not yet supported)\n"
-        "  --launch-cmd CMD   run commands on a host with CMD instead of ssh\n"
-        "                     (not yet supported)\n"
-        "  --check            validate the hostfile, start nothing\n"
-        "                     (not yet supported)\n"
+        "  --hostfile FILE    hosts and links (JSON, MLX or mpirun form)\n"
+        "  --launch-cmd CMD   run commands on a host with CMD instead of ssh;\n"
+        "                     {host} in CMD is replaced by the host's name\n"
+        "  --check            validate the hostfile, print the ring or mesh\n"
+        "                     it would form, start nothing\n"
         "  --wires W          connections per peer on each link "
         "(WEFT_WIRES)\n"
         "  --transport T      tcp | ibverbs (WEFT_TRANSPORT)\n"
@@ -421,17 +424,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
         }
     }
 
-    if (o->hostfile != NULL || o->launch_cmd != NULL || o->check) {
-        const char *what = o->hostfile != NULL     ? "--hostfile"
-                           : o->launch_cmd != NULL ? "--launch-cmd"
-                                                   : "--check";
-        msg("%s is not yet supported: this weftrun starts ranks on this host "
-            "only (-n N)",
-            what);
+    if ((o->launch_cmd != NULL || o->check) && o->hostfile == NULL) {
+        usage_error("%s needs --hostfile FILE",
+                    o->check ? "--check" : "--launch-cmd");
         return EXIT_USAGE;
     }
-    if (o->nranks == 0) {
-        usage_error("-n N is required (the number of ranks)");
+    if (o->check)
+        return 0; /* no program: nothing is started */
+    if (o->nranks == 0 && o->hostfile == NULL) {
+        usage_error("-n N or --hostfile FILE is required");
         return EXIT_USAGE;
     }
     if (i >= argc) {
@@ -642,6 +643,7 @@ struct rank_env {
     size_t n;         /* strings in envp */
     char *rank;       /* envp entry "WEFT_RANK=..", rewritten per rank */
     char *local_rank; /* envp entry "WEFT_LOCAL_RANK=.." */
+    char *local_size; /* envp entry "WEFT_LOCAL_SIZE=.." */
 };
 
 static int env_push(struct rank_env *e, char *s)
@@ -762,8 +764,10 @@ static int rank_env_build(struct rank_env *e, const struct opts *o,
         env_pushf(e, "WEFT_LOCAL_RANK=%d", WEFTRUN_MAX_RANKS) != 0)
         goto oom;
     e->local_rank = e->envp[e->n - 1];
-    if (env_pushf(e, "WEFT_LOCAL_SIZE=%d", o->nranks) != 0 ||
-        env_pushf(e, "WEFT_HOSTFILE=%s", hostfile) != 0 ||
+    if (env_pushf(e, "WEFT_LOCAL_SIZE=%d", WEFTRUN_MAX_RANKS) != 0)
+        goto oom;
+    e->local_size = e->envp[e->n - 1];
+    if (env_pushf(e, "WEFT_HOSTFILE=%s", hostfile) != 0 ||
         env_pushf(e, "WEFT_JOB_TOKEN=%s", token) != 0)
         goto oom;
     if (o->timeout_ms > 0 &&
@@ -802,11 +806,22 @@ out:
     return rc;
 }
 
-static void rank_env_set_rank(struct rank_env *e, int rank)
+/* The hostfile of a --hostfile job (NULL for -n N on this host). */
+static weft__hostfile_out *g_hf;
+
+static void rank_env_set_rank(struct rank_env *e, int rank, int nranks)
 {
-    /* Both entries were made with room for WEFTRUN_MAX_RANKS. */
+    int local = rank, nlocal = nranks;
+
+    if (g_hf != NULL) {
+        const weft__host *h = &g_hf->hosts[g_hf->rank_host[rank]];
+        local = rank - h->first_rank;
+        nlocal = h->nranks;
+    }
+    /* The entries were made with room for WEFTRUN_MAX_RANKS. */
     sprintf(e->rank, "WEFT_RANK=%d", rank);
-    sprintf(e->local_rank, "WEFT_LOCAL_RANK=%d", rank);
+    sprintf(e->local_rank, "WEFT_LOCAL_RANK=%d", local);
+    sprintf(e->local_size, "WEFT_LOCAL_SIZE=%d", nlocal);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -833,6 +848,8 @@ struct rank {
     int started; /* uv_spawn succeeded */
     int exited;  /* exit_cb ran */
     struct stream streams[2];
+    char **argv;     /* what was spawned, if not PROGRAM ARGS (owned) */
+    const char *host; /* its host's name in a --hostfile job, else NULL */
     char prefix[24]; /* "[rank N] " */
     size_t prefix_len;
 };
@@ -1151,6 +1168,17 @@ static void job_kill_now(struct job *job)
     uv_timer_start(&job->stop_timer, stop_timer_cb, 0, 0);
 }
 
+/* "host NAME, " for messages about a rank of a --hostfile job. */
+static const char *host_label(const struct rank *r)
+{
+    static char buf[200];
+
+    if (r->host == NULL)
+        return "";
+    snprintf(buf, sizeof buf, "host %s, ", r->host);
+    return buf;
+}
+
 static void exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
 {
     struct rank *r = proc->data;
@@ -1162,11 +1190,12 @@ static void exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
         /* The first rank to fail is the cause; the ones stopped because of
          * it are not reported. */
         if (term_signal != 0) {
-            msg("rank %d (pid %d) was killed by signal %d (%s)", r->index,
-                r->pid, term_signal, signal_name(term_signal));
+            msg("rank %d (%spid %d) was killed by signal %d (%s)", r->index,
+                host_label(r), r->pid, term_signal, signal_name(term_signal));
             job_set_exit(job, 128 + term_signal);
         } else {
-            msg("rank %d (pid %d) exited with code %d", r->index, r->pid,
+            msg("rank %d (%spid %d) exited with code %d", r->index,
+                host_label(r), r->pid,
                 (int)exit_status);
             job_set_exit(job, exit_status >= 1 && exit_status <= 125
                                   ? (int)exit_status
@@ -1181,10 +1210,11 @@ static void exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
          * after the peers that saw it die, and libuv reports a batch of
          * exits in no particular order. */
         if (term_signal != 0)
-            msg("rank %d (pid %d) was also killed by signal %d (%s)",
-                r->index, r->pid, term_signal, signal_name(term_signal));
+            msg("rank %d (%spid %d) was also killed by signal %d (%s)",
+                r->index, host_label(r), r->pid, term_signal, signal_name(term_signal));
         else
-            msg("rank %d (pid %d) also exited with code %d", r->index, r->pid,
+            msg("rank %d (%spid %d) also exited with code %d", r->index,
+                host_label(r), r->pid,
                 (int)exit_status);
     }
     job_check_done(job);
@@ -1237,6 +1267,165 @@ static int stream_start(struct stream *s)
 
 /* Starts rank i. Returns 0, or -1 after saying why (and setting the exit
  * status). */
+static int is_local_host(const weft__host *h)
+{
+    char me[256];
+
+    if (strcmp(h->ssh, "localhost") == 0 || strcmp(h->ssh, "127.0.0.1") == 0)
+        return 1;
+    return gethostname(me, sizeof me) == 0 && strcmp(h->ssh, me) == 0;
+}
+
+/* Appends s to *buf as one single-quoted shell word. */
+static int shell_quote(char **buf, size_t *len, size_t *cap, const char *s)
+{
+    size_t need = *len + 4 * strlen(s) + 4;
+
+    if (need > *cap) {
+        char *nb = realloc(*buf, need * 2);
+        if (nb == NULL)
+            return -1;
+        *buf = nb;
+        *cap = need * 2;
+    }
+    (*buf)[(*len)++] = ' ';
+    (*buf)[(*len)++] = '\'';
+    for (; *s != '\0'; s++) {
+        if (*s == '\'') {
+            memcpy(*buf + *len, "'\\''", 4);
+            *len += 4;
+        } else {
+            (*buf)[(*len)++] = *s;
+        }
+    }
+    (*buf)[(*len)++] = '\'';
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static void argv_free(char **argv)
+{
+    for (char **a = argv; a != NULL && *a != NULL; a++)
+        free(*a);
+    free(argv);
+}
+
+/* The command that starts rank i of a --hostfile job on its host:
+ * - with --launch-cmd: its words ({host} replaced by the host's name),
+ *   then PROGRAM ARGS; the rank's environment passes through it;
+ * - a host that is this one: PROGRAM ARGS, as for -n;
+ * - else: ssh HOST 'cd DIR && exec env VARS PROGRAM ARGS', carrying the
+ *   WEFT_ variables, -x variables and the job token.
+ * *out is NULL when PROGRAM ARGS are spawned as they are. */
+static int remote_argv(const struct opts *o, const weft__hostfile_out *hf,
+                       int i, const struct rank_env *env, char ***out)
+{
+    const weft__host *h = &hf->hosts[hf->rank_host[i]];
+    size_t nprog = 0, n = 0;
+    char **argv = NULL;
+
+    *out = NULL;
+    while (o->prog_argv[nprog] != NULL)
+        nprog++;
+    if (o->launch_cmd != NULL) {
+        char *words = NULL, *save = NULL;
+        size_t len = 0, cap = 0;
+        /* {host} -> the host's name, then split on blanks. */
+        for (const char *p = o->launch_cmd; *p != '\0';) {
+            const char *add = p;
+            size_t addlen = 1;
+            if (strncmp(p, "{host}", 6) == 0) {
+                add = h->name;
+                addlen = strlen(h->name);
+                p += 6;
+            } else {
+                p++;
+            }
+            if (len + addlen + 1 > cap) {
+                char *nw = realloc(words, (len + addlen + 1) * 2);
+                if (nw == NULL)
+                    goto oom;
+                words = nw;
+                cap = (len + addlen + 1) * 2;
+            }
+            memcpy(words + len, add, addlen);
+            len += addlen;
+            words[len] = '\0';
+        }
+        argv = calloc(len / 2 + 2 + nprog, sizeof *argv);
+        if (argv == NULL) {
+            free(words);
+            goto oom;
+        }
+        for (char *w = strtok_r(words, " \t", &save); w != NULL;
+             w = strtok_r(NULL, " \t", &save))
+            if ((argv[n++] = strdup(w)) == NULL) {
+                free(words);
+                goto oom;
+            }
+        free(words);
+        if (n == 0) {
+            msg("--launch-cmd: empty command");
+            argv_free(argv);
+            return -1;
+        }
+    } else if (is_local_host(h)) {
+        return 0;
+    } else {
+        char cwd[4096], *cmd = NULL;
+        size_t len = 0, cap = 0;
+
+        argv = calloc(6, sizeof *argv);
+        if (argv == NULL || getcwd(cwd, sizeof cwd) == NULL)
+            goto oom;
+        cap = 256;
+        if ((cmd = malloc(cap)) == NULL)
+            goto oom;
+        len = (size_t)snprintf(cmd, cap, "cd");
+        if (shell_quote(&cmd, &len, &cap, cwd) != 0)
+            goto oom_cmd;
+        if (len + 16 > cap && (cmd = realloc(cmd, cap = len + 64)) == NULL)
+            goto oom;
+        len += (size_t)snprintf(cmd + len, cap - len, " && exec env");
+        /* The rank's own variables: weftrun's and -x ones, not the whole
+         * local environment. */
+        for (char **e = env->envp; *e != NULL; e++) {
+            int ours = strncmp(*e, "WEFT_", 5) == 0;
+            for (int x = 0; !ours && x < o->nxvars; x++)
+                ours = strncmp(*e, o->xvars[x],
+                               env_name_len(o->xvars[x])) == 0 &&
+                       (*e)[env_name_len(o->xvars[x])] == '=';
+            if (ours && shell_quote(&cmd, &len, &cap, *e) != 0)
+                goto oom_cmd;
+        }
+        for (size_t k = 0; k < nprog; k++)
+            if (shell_quote(&cmd, &len, &cap, o->prog_argv[k]) != 0)
+                goto oom_cmd;
+        if ((argv[n++] = strdup("ssh")) == NULL ||
+            (argv[n++] = strdup("-o")) == NULL ||
+            (argv[n++] = strdup("BatchMode=yes")) == NULL ||
+            (argv[n++] = strdup(h->ssh)) == NULL) {
+            free(cmd);
+            goto oom;
+        }
+        argv[n++] = cmd;
+        *out = argv;
+        return 0;
+    oom_cmd:
+        free(cmd);
+        goto oom;
+    }
+    for (size_t k = 0; k < nprog; k++)
+        if ((argv[n++] = strdup(o->prog_argv[k])) == NULL)
+            goto oom;
+    *out = argv;
+    return 0;
+oom:
+    msg("out of memory");
+    argv_free(argv);
+    return -1;
+}
+
 static int spawn_rank(struct job *job, struct rank_env *env, int i,
                       int stdin_ok)
 {
@@ -1274,11 +1463,18 @@ static int spawn_rank(struct job *job, struct rank_env *env, int i,
     stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
     stdio[2].data.stream = (uv_stream_t *)&r->streams[1].pipe;
 
-    rank_env_set_rank(env, i);
+    rank_env_set_rank(env, i, o->nranks);
     memset(&po, 0, sizeof(po));
     po.exit_cb = exit_cb;
-    po.file = o->prog_argv[0];
-    po.args = o->prog_argv;
+    if (g_hf != NULL) {
+        r->host = g_hf->hosts[g_hf->rank_host[i]].name;
+        if (remote_argv(o, g_hf, i, env, &r->argv) != 0) {
+            job_set_exit(job, 1);
+            return -1;
+        }
+    }
+    po.file = r->argv != NULL ? r->argv[0] : o->prog_argv[0];
+    po.args = r->argv != NULL ? r->argv : o->prog_argv;
     po.env = env->envp;
     po.stdio_count = 3;
     po.stdio = stdio;
@@ -1404,7 +1600,7 @@ int main(int argc, char **argv)
     static struct job job; /* large (output buffer); one per process */
     struct opts o;
     struct tmpfiles tmp = {NULL, NULL};
-    struct rank_env env = {NULL, 0, NULL, NULL};
+    struct rank_env env = {NULL, 0, NULL, NULL, NULL};
     char token[33];
     int *ports = NULL;
     int rc;
@@ -1418,9 +1614,38 @@ int main(int argc, char **argv)
             return 1;
 
     rc = parse_args(argc, argv, &o);
-    if (rc != 0 || o.prog_argv == NULL) {
+    if (rc != 0 || (o.prog_argv == NULL && !o.check)) {
         free(o.xvars);
         return rc;
+    }
+    if (o.hostfile != NULL) {
+        static weft__hostfile_out hf;
+        char err[1024];
+
+        if (weft__hostfile_load(o.hostfile, -1, &hf, err, sizeof err) != 0) {
+            msg("%s", err);
+            free(o.xvars);
+            return EXIT_USAGE;
+        }
+        g_hf = &hf;
+        if (o.check) {
+            rc = weft__hostfile_describe(&hf, o.wires > 0 ? o.wires : 1,
+                                         stdout) == 0 &&
+                         fflush(stdout) == 0
+                     ? 0
+                     : 1;
+            weft__hostfile_free(&hf);
+            free(o.xvars);
+            return rc;
+        }
+        if (o.nranks != 0 && o.nranks != hf.nranks) {
+            msg("-n %d disagrees with %s, whose hosts hold %d ranks", o.nranks,
+                o.hostfile, hf.nranks);
+            weft__hostfile_free(&hf);
+            free(o.xvars);
+            return EXIT_USAGE;
+        }
+        o.nranks = hf.nranks;
     }
 
     /* weftrun reports a closed stdout itself (EPIPE); the ranks get the
@@ -1443,11 +1668,28 @@ int main(int argc, char **argv)
         msg("out of memory");
         goto fail;
     }
-    if (ensure_fd_limit(o.nranks) != 0 || make_job_token(token) != 0 ||
-        pick_ports(o.nranks, ports) != 0 || tmpfiles_create(&tmp) != 0 ||
-        write_hostfile(tmp.file, o.nranks, ports) != 0 ||
-        rank_env_build(&env, &o, tmp.file, token) != 0)
+    if (g_hf != NULL) {
+        /* The ranks read the job's own hostfile: on other hosts it must be
+         * at the same path (a shared or copied file). */
+        char *abs = realpath(o.hostfile, NULL);
+        if (abs == NULL) {
+            msg("%s: %s", o.hostfile, strerror(errno));
+            goto fail;
+        }
+        if (ensure_fd_limit(o.nranks) != 0 || make_job_token(token) != 0 ||
+            rank_env_build(&env, &o, abs, token) != 0) {
+            free(abs);
+            goto fail;
+        }
+        free(abs);
+    } else if (ensure_fd_limit(o.nranks) != 0 ||
+               make_job_token(token) != 0 ||
+               pick_ports(o.nranks, ports) != 0 ||
+               tmpfiles_create(&tmp) != 0 ||
+               write_hostfile(tmp.file, o.nranks, ports) != 0 ||
+               rank_env_build(&env, &o, tmp.file, token) != 0) {
         goto fail;
+    }
 
     rc = job_run(&job, &o, &env);
     goto out;
@@ -1457,6 +1699,10 @@ fail:
 out:
     tmpfiles_remove(&tmp);
     rank_env_free(&env);
+    for (int i = 0; job.ranks != NULL && i < o.nranks; i++)
+        argv_free(job.ranks[i].argv);
+    if (g_hf != NULL)
+        weft__hostfile_free(g_hf);
     free(job.ranks);
     free(ports);
     free(o.xvars);

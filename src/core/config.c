@@ -5,10 +5,10 @@
  * it is usually starting a job by hand.
  */
 #include "core/internal.h"
+#include "core/hostfile.h"
 #include "core/plan.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,250 +96,51 @@ static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
                    "WEFT_HOSTFILE");
 }
 
-static int json_str_field(json_t *obj, const char *key, char *dst,
-                          size_t dstlen, int required, const char *path,
-                          const char *file, char *errmsg, size_t errlen)
-{
-    json_t *v = json_object_get(obj, key);
-
-    if (v == NULL) {
-        if (required)
-            return CFG_ERR("%s: %s: missing field \"%s\" (a string)", file,
-                           path, key);
-        return WEFT_OK;
-    }
-    if (!json_is_string(v))
-        return CFG_ERR("%s: %s.%s: expected a string", file, path, key);
-    if (json_string_length(v) >= dstlen || json_string_length(v) == 0)
-        return CFG_ERR("%s: %s.%s: expected a non-empty string shorter than "
-                       "%zu bytes",
-                       file, path, key, dstlen);
-    memcpy(dst, json_string_value(v), json_string_length(v) + 1);
-    return WEFT_OK;
-}
-
-static int json_port(json_t *v, const char *file, const char *path,
-                     int *out, char *errmsg, size_t errlen)
-{
-    if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-        json_integer_value(v) > 65535)
-        return CFG_ERR("%s: %s: expected a port number in [1, 65535]", file,
-                       path);
-    *out = (int)json_integer_value(v);
-    return WEFT_OK;
-}
-
-static int find_host(const weft__config *cfg, const char *name)
-{
-    for (int i = 0; i < cfg->nhosts; i++)
-        if (strcmp(cfg->hosts[i].name, name) == 0)
-            return i;
-    return -1;
-}
-
-static int load_hosts(weft__config *cfg, json_t *root, const char *file,
-                      char *errmsg, size_t errlen)
-{
-    json_t *hosts = json_object_get(root, "hosts");
-    json_t *jport = json_object_get(root, "port");
-    int port = WEFT__DEFAULT_PORT, total = 0, rc;
-    char path[64];
-
-    if (jport != NULL &&
-        (rc = json_port(jport, file, "port", &port, errmsg, errlen)) != 0)
-        return rc;
-    if (!json_is_array(hosts) || json_array_size(hosts) == 0)
-        return CFG_ERR("%s: \"hosts\": expected a non-empty array of hosts",
-                       file);
-    cfg->nhosts = (int)json_array_size(hosts);
-    cfg->hosts = calloc((size_t)cfg->nhosts, sizeof *cfg->hosts);
-    if (cfg->hosts == NULL)
-        return WEFT_ENOMEM;
-    for (int i = 0; i < cfg->nhosts; i++) {
-        json_t *h = json_array_get(hosts, (size_t)i);
-        weft__host *host = &cfg->hosts[i];
-        json_t *jr, *jports;
-
-        snprintf(path, sizeof path, "hosts[%d]", i);
-        if (!json_is_object(h))
-            return CFG_ERR("%s: %s: expected an object with \"name\" and "
-                           "\"ranks\"",
-                           file, path);
-        if ((rc = json_str_field(h, "name", host->name, sizeof host->name, 1,
-                                 path, file, errmsg, errlen)) != 0)
-            return rc;
-        if (find_host(cfg, host->name) != i)
-            return CFG_ERR("%s: %s.name: host \"%s\" is listed twice", file,
-                           path, host->name);
-        strcpy(host->ssh, host->name);
-        if ((rc = json_str_field(h, "ssh", host->ssh, sizeof host->ssh, 0,
-                                 path, file, errmsg, errlen)) != 0)
-            return rc;
-        jr = json_object_get(h, "ranks");
-        if (jr == NULL)
-            host->nranks = 1;
-        else if (!json_is_integer(jr) || json_integer_value(jr) < 1 ||
-                 json_integer_value(jr) > WEFT__MAX_RANKS)
-            return CFG_ERR("%s: %s.ranks: expected an integer in [1, %d]",
-                           file, path, WEFT__MAX_RANKS);
-        else
-            host->nranks = (int)json_integer_value(jr);
-        host->first_rank = total;
-        total += host->nranks;
-        if (total > WEFT__MAX_RANKS)
-            return CFG_ERR("%s: more than %d ranks in \"hosts\"", file,
-                           WEFT__MAX_RANKS);
-        host->ports = calloc((size_t)host->nranks, sizeof *host->ports);
-        if (host->ports == NULL)
-            return WEFT_ENOMEM;
-        jports = json_object_get(h, "ports");
-        if (jports != NULL) {
-            if (!json_is_array(jports) ||
-                json_array_size(jports) != (size_t)host->nranks)
-                return CFG_ERR("%s: %s.ports: expected an array of %d port "
-                               "numbers (one per rank)",
-                               file, path, host->nranks);
-            for (int k = 0; k < host->nranks; k++) {
-                char p2[96];
-                snprintf(p2, sizeof p2, "%s.ports[%d]", path, k);
-                if ((rc = json_port(json_array_get(jports, (size_t)k), file,
-                                    p2, &host->ports[k], errmsg, errlen)) != 0)
-                    return rc;
-                for (int j = 0; j < k; j++)
-                    if (host->ports[j] == host->ports[k])
-                        return CFG_ERR("%s: %s: port %d is used twice", file,
-                                       p2, host->ports[k]);
-            }
-        } else {
-            for (int k = 0; k < host->nranks; k++) {
-                if (port + k > 65535)
-                    return CFG_ERR("%s: %s: port %d + %d local ranks is past "
-                                   "65535",
-                                   file, path, port, host->nranks);
-                host->ports[k] = port + k;
-            }
-        }
-    }
-    if (total != cfg->nranks)
-        return CFG_ERR("%s: the hosts hold %d ranks but the job has %d (the "
-                       "size variable, e.g. WEFT_SIZE); make them agree",
-                       file, total, cfg->nranks);
-    cfg->rank_host = calloc((size_t)cfg->nranks, sizeof *cfg->rank_host);
-    if (cfg->rank_host == NULL)
-        return WEFT_ENOMEM;
-    for (int i = 0; i < cfg->nhosts; i++)
-        for (int k = 0; k < cfg->hosts[i].nranks; k++)
-            cfg->rank_host[cfg->hosts[i].first_rank + k] = i;
-    return WEFT_OK;
-}
-
-static int load_links(weft__config *cfg, json_t *root, const char *file,
-                      char *errmsg, size_t errlen)
-{
-    json_t *links = json_object_get(root, "links");
-    char path[64];
-    int rc;
-
-    if (links == NULL)
-        return WEFT_OK;
-    if (!json_is_array(links))
-        return CFG_ERR("%s: \"links\": expected an array of links, each a "
-                       "pair of ends",
-                       file);
-    cfg->nlinks = (int)json_array_size(links);
-    if (cfg->nlinks == 0)
-        return WEFT_OK;
-    cfg->links = calloc((size_t)cfg->nlinks, sizeof *cfg->links);
-    if (cfg->links == NULL)
-        return WEFT_ENOMEM;
-    for (int i = 0; i < cfg->nlinks; i++) {
-        json_t *l = json_array_get(links, (size_t)i);
-        if (!json_is_array(l) || json_array_size(l) != 2)
-            return CFG_ERR("%s: links[%d]: expected an array of two ends", file,
-                           i);
-        for (int e = 0; e < 2; e++) {
-            json_t *end = json_array_get(l, (size_t)e);
-            weft__link_end *le = &cfg->links[i].end[e];
-            char hname[128];
-
-            snprintf(path, sizeof path, "links[%d][%d]", i, e);
-            if (!json_is_object(end))
-                return CFG_ERR("%s: %s: expected an object with \"host\" and "
-                               "\"addr\"",
-                               file, path);
-            if ((rc = json_str_field(end, "host", hname, sizeof hname, 1, path,
-                                     file, errmsg, errlen)) != 0 ||
-                (rc = json_str_field(end, "addr", le->addr, sizeof le->addr,
-                                     1, path, file, errmsg, errlen)) != 0 ||
-                (rc = json_str_field(end, "device", le->device,
-                                     sizeof le->device, 0, path, file, errmsg,
-                                     errlen)) != 0)
-                return rc;
-            le->host = find_host(cfg, hname);
-            if (le->host < 0)
-                return CFG_ERR("%s: %s.host: unknown host \"%s\" (not in "
-                               "\"hosts\")",
-                               file, path, hname);
-        }
-        if (cfg->links[i].end[0].host == cfg->links[i].end[1].host)
-            return CFG_ERR("%s: links[%d]: both ends are on host \"%s\"", file,
-                           i, cfg->hosts[cfg->links[i].end[0].host].name);
-    }
-    return WEFT_OK;
-}
-
 static int load_hostfile(weft__config *cfg, char *errmsg, size_t errlen)
 {
     const char *file = getenv("WEFT_HOSTFILE");
-    json_error_t jerr;
-    json_t *root;
+    weft__hostfile_out hf;
     int rc;
 
     if (file == NULL || *file == '\0') {
         if (cfg->nranks == 1) {
             /* A job of one rank needs no peers and so no hostfile. */
-            static int one_port[1] = {WEFT__DEFAULT_PORT};
             cfg->nhosts = 1;
             cfg->hosts = calloc(1, sizeof *cfg->hosts);
             cfg->rank_host = calloc(1, sizeof *cfg->rank_host);
             if (cfg->hosts == NULL || cfg->rank_host == NULL)
                 return WEFT_ENOMEM;
             strcpy(cfg->hosts[0].name, "localhost");
+            strcpy(cfg->hosts[0].ssh, "localhost");
             cfg->hosts[0].nranks = 1;
             cfg->hosts[0].ports = malloc(sizeof(int));
             if (cfg->hosts[0].ports == NULL)
                 return WEFT_ENOMEM;
-            cfg->hosts[0].ports[0] = one_port[0];
+            cfg->hosts[0].ports[0] = WEFT__DEFAULT_PORT;
             return WEFT_OK;
         }
         return CFG_ERR("WEFT_HOSTFILE is not set: set it to the job's "
                        "hostfile (weftrun sets it)");
     }
     snprintf(cfg->hostfile, sizeof cfg->hostfile, "%s", file);
-    root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL)
-        return CFG_ERR("WEFT_HOSTFILE=%s: line %d, column %d: %s", file,
-                       jerr.line, jerr.column, jerr.text);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return CFG_ERR("%s: expected a JSON object with \"hosts\" and "
-                       "\"links\" (this form of hostfile is not supported "
-                       "yet)",
-                       file);
-    }
-    rc = json_str_field(root, "transport", cfg->transport,
-                        sizeof cfg->transport, 0, "top level", file, errmsg,
-                        errlen);
-    if (rc == 0)
-        rc = json_str_field(root, "topology", cfg->topology,
-                            sizeof cfg->topology, 0, "top level", file, errmsg,
-                            errlen);
-    if (rc == 0)
-        rc = load_hosts(cfg, root, file, errmsg, errlen);
-    if (rc == 0)
-        rc = load_links(cfg, root, file, errmsg, errlen);
-    json_decref(root);
-    return rc;
+    rc = weft__hostfile_load(file, cfg->nranks, &hf, errmsg, errlen);
+    if (rc != 0)
+        return rc;
+    if (hf.transport[0] != '\0')
+        strcpy(cfg->transport, hf.transport);
+    if (hf.topology[0] != '\0')
+        strcpy(cfg->topology, hf.topology);
+    /* Take the tables over; the rest is freed with hf. */
+    cfg->nhosts = hf.nhosts;
+    cfg->hosts = hf.hosts;
+    cfg->nlinks = hf.nlinks;
+    cfg->links = hf.links;
+    cfg->rank_host = hf.rank_host;
+    hf.hosts = NULL;
+    hf.links = NULL;
+    hf.rank_host = NULL;
+    weft__hostfile_free(&hf);
+    return WEFT_OK;
 }
 
 int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)

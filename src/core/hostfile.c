@@ -278,8 +278,8 @@ static int json_str(hf_ctx *c, json_t *obj, const char *key, char *dst,
                     "bytes",
                     path, sep, key, dstlen);
     if (strlen(json_string_value(v)) != json_string_length(v))
-        return fail(c, "%s%s%s: expected a string without NUL characters",
-                    path, sep, key);
+        return fail(c, "%s%s%s: expected a string without NUL characters", path,
+                    sep, key);
     memcpy(dst, json_string_value(v), json_string_length(v) + 1);
     return WEFT_OK;
 }
@@ -287,10 +287,12 @@ static int json_str(hf_ctx *c, json_t *obj, const char *key, char *dst,
 static int json_port(hf_ctx *c, json_t *v, const char *path, int *out)
 {
     if (!json_is_integer(v))
-        return fail(c, "%s: expected a port number in [1, 65535], got %s",
-                    path, jtype(v));
+        return fail(c, "%s: expected a port number in [1, 65535], got %s", path,
+                    jtype(v));
     if (json_integer_value(v) < 1 || json_integer_value(v) > 65535)
-        return fail(c, "%s: expected a port number in [1, 65535], got %" JSON_INTEGER_FORMAT,
+        return fail(c,
+                    "%s: expected a port number in [1, 65535], got "
+                    "%" JSON_INTEGER_FORMAT,
                     path, json_integer_value(v));
     *out = (int)json_integer_value(v);
     return WEFT_OK;
@@ -325,16 +327,18 @@ static int obj_hosts(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         h->nhosts = (int)i + 1; /* so that free sees the ports below */
         snprintf(path, sizeof path, "hosts[%zu]", i);
         if (!json_is_object(jh))
-            return fail(c, "%s: expected an object with \"name\" and "
-                           "\"ranks\"",
+            return fail(c,
+                        "%s: expected an object with \"name\" and "
+                        "\"ranks\"",
                         path);
         if ((rc = json_str(c, jh, "name", host->name, sizeof host->name, 1,
                            path)) != 0)
             return rc;
         other = find_host(h, (int)i, host->name);
         if (other >= 0)
-            return fail(c, "%s.name: host \"%s\" is already hosts[%d]; list "
-                           "each host once",
+            return fail(c,
+                        "%s.name: host \"%s\" is already hosts[%d]; list "
+                        "each host once",
                         path, host->name, other);
         strcpy(host->ssh, host->name);
         if ((rc = json_str(c, jh, "ssh", host->ssh, sizeof host->ssh, 0,
@@ -349,14 +353,14 @@ static int obj_hosts(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         else if (json_integer_value(jr) < 1 ||
                  json_integer_value(jr) > WEFT__MAX_RANKS)
             return fail(c,
-                        "%s.ranks: expected an integer in [1, %d], got %" JSON_INTEGER_FORMAT,
+                        "%s.ranks: expected an integer in [1, %d], got "
+                        "%" JSON_INTEGER_FORMAT,
                         path, WEFT__MAX_RANKS, json_integer_value(jr));
         else
             host->nranks = (int)json_integer_value(jr);
         total += host->nranks;
         if (total > WEFT__MAX_RANKS)
-            return fail(c, "hosts: more than %d ranks in all",
-                        WEFT__MAX_RANKS);
+            return fail(c, "hosts: more than %d ranks in all", WEFT__MAX_RANKS);
         host->ports = calloc((size_t)host->nranks, sizeof *host->ports);
         if (host->ports == NULL)
             return nomem(c);
@@ -364,8 +368,9 @@ static int obj_hosts(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         if (jports != NULL) {
             if (!json_is_array(jports) ||
                 json_array_size(jports) != (size_t)host->nranks)
-                return fail(c, "%s.ports: expected an array of %d port "
-                               "numbers (one per rank)",
+                return fail(c,
+                            "%s.ports: expected an array of %d port "
+                            "numbers (one per rank)",
                             path, host->nranks);
             for (int k = 0; k < host->nranks; k++) {
                 char p2[96];
@@ -375,16 +380,18 @@ static int obj_hosts(hf_ctx *c, json_t *root, weft__hostfile_out *h)
                     return rc;
                 for (int j = 0; j < k; j++)
                     if (host->ports[j] == host->ports[k])
-                        return fail(c, "%s: port %d is already %s.ports[%d]; "
-                                       "each rank of a host needs a port of "
-                                       "its own",
+                        return fail(c,
+                                    "%s: port %d is already %s.ports[%d]; "
+                                    "each rank of a host needs a port of "
+                                    "its own",
                                     p2, host->ports[k], path, j);
             }
         } else {
             for (int k = 0; k < host->nranks; k++) {
                 if (port + k > 65535)
-                    return fail(c, "%s: port %d + %d local ranks is past "
-                                   "65535; lower \"port\" or give \"ports\"",
+                    return fail(c,
+                                "%s: port %d + %d local ranks is past "
+                                "65535; lower \"port\" or give \"ports\"",
                                 path, port, host->nranks);
                 host->ports[k] = port + k;
             }
@@ -416,8 +423,9 @@ static int obj_links(hf_ctx *c, json_t *root, weft__hostfile_out *h)
     for (int i = 0; i < h->nlinks; i++) {
         json_t *l = json_array_get(links, (size_t)i);
         if (!json_is_array(l) || json_array_size(l) != 2)
-            return fail(c, "links[%d]: expected an array of two ends, each "
-                           "{\"host\": ..., \"addr\": ...}",
+            return fail(c,
+                        "links[%d]: expected an array of two ends, each "
+                        "{\"host\": ..., \"addr\": ...}",
                         i);
         for (int e = 0; e < 2; e++) {
             json_t *end = json_array_get(l, (size_t)e);
@@ -426,25 +434,28 @@ static int obj_links(hf_ctx *c, json_t *root, weft__hostfile_out *h)
 
             snprintf(path, sizeof path, "links[%d][%d]", i, e);
             if (!json_is_object(end))
-                return fail(c, "%s: expected an object with \"host\" and "
-                               "\"addr\"",
+                return fail(c,
+                            "%s: expected an object with \"host\" and "
+                            "\"addr\"",
                             path);
-            if ((rc = json_str(c, end, "host", hname, sizeof hname, 1,
-                               path)) != 0 ||
+            if ((rc = json_str(c, end, "host", hname, sizeof hname, 1, path)) !=
+                    0 ||
                 (rc = json_str(c, end, "addr", le->addr, sizeof le->addr, 1,
                                path)) != 0 ||
-                (rc = json_str(c, end, "device", le->device,
-                               sizeof le->device, 0, path)) != 0)
+                (rc = json_str(c, end, "device", le->device, sizeof le->device,
+                               0, path)) != 0)
                 return rc;
             le->host = find_host(h, h->nhosts, hname);
             if (le->host < 0)
-                return fail(c, "%s.host: unknown host \"%s\" (expected the "
-                               "name of one of \"hosts\")",
+                return fail(c,
+                            "%s.host: unknown host \"%s\" (expected the "
+                            "name of one of \"hosts\")",
                             path, hname);
         }
         if (h->links[i].end[0].host == h->links[i].end[1].host)
-            return fail(c, "links[%d]: both ends are on host \"%s\"; a link "
-                           "joins two different hosts",
+            return fail(c,
+                        "links[%d]: both ends are on host \"%s\"; a link "
+                        "joins two different hosts",
                         i, h->hosts[h->links[i].end[0].host].name);
     }
     return WEFT_OK;
@@ -492,17 +503,19 @@ static int obj_addresses(hf_ctx *c, const weft__hostfile_out *h)
         const weft__link_end *a = &h->links[first / 2].end[first % 2];
         const weft__link_end *b = &h->links[second / 2].end[second % 2];
         if (a->host != b->host)
-            return fail(c, "links[%d][%d].addr: address \"%s\" is on host "
-                           "\"%s\" here but on host \"%s\" in links[%d][%d]; "
-                           "expected each address to belong to one host",
+            return fail(c,
+                        "links[%d][%d].addr: address \"%s\" is on host "
+                        "\"%s\" here but on host \"%s\" in links[%d][%d]; "
+                        "expected each address to belong to one host",
                         second / 2, second % 2, b->addr, h->hosts[b->host].name,
                         h->hosts[a->host].name, first / 2, first % 2);
         if (first / 2 == second / 2)
             return fail(c, "links[%d]: both ends have address \"%s\"",
                         first / 2, a->addr);
-        return fail(c, "links[%d][%d].addr: address \"%s\" of host \"%s\" "
-                       "already ends links[%d]; expected each link (one "
-                       "cable) to have an address of its own at each end",
+        return fail(c,
+                    "links[%d][%d].addr: address \"%s\" of host \"%s\" "
+                    "already ends links[%d]; expected each link (one "
+                    "cable) to have an address of its own at each end",
                     second / 2, second % 2, b->addr, h->hosts[b->host].name,
                     first / 2);
     }
@@ -527,8 +540,8 @@ static int load_object(hf_ctx *c, json_t *root, weft__hostfile_out *h)
     int rc;
 
     h->format = WEFT__HOSTFILE_JSON;
-    if ((rc = json_str(c, root, "transport", h->transport,
-                       sizeof h->transport, 0, "")) != 0 ||
+    if ((rc = json_str(c, root, "transport", h->transport, sizeof h->transport,
+                       0, "")) != 0 ||
         (rc = check_choice(c, "transport", h->transport, transports,
                            "\"tcp\" or \"ibverbs\"")) != 0 ||
         (rc = json_str(c, root, "topology", h->topology, sizeof h->topology, 0,
@@ -536,8 +549,7 @@ static int load_object(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         (rc = check_choice(c, "topology", h->topology, topologies,
                            "\"ring\", \"mesh\" or \"auto\"")) != 0 ||
         (rc = obj_hosts(c, root, h)) != 0 ||
-        (rc = obj_links(c, root, h)) != 0 ||
-        (rc = obj_addresses(c, h)) != 0)
+        (rc = obj_links(c, root, h)) != 0 || (rc = obj_addresses(c, h)) != 0)
         return rc;
     return WEFT_OK;
 }
@@ -580,7 +592,7 @@ static int split_ip_port(const char *s, char *ip, size_t iplen, int *port)
 static int load_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
 {
     size_t n = json_array_size(root), K;
-    char (*ips)[64] = NULL; /* n * K: the ip of [r][k] */
+    char(*ips)[64] = NULL; /* n * K: the ip of [r][k] */
     int *ports = NULL;
     int rc = WEFT_OK;
 
@@ -591,14 +603,18 @@ static int load_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
                        "hostfile)");
     if (n > WEFT__MAX_RANKS)
         return fail(c, "more than %d ranks", WEFT__MAX_RANKS);
+    if (json_is_object(json_array_get(root, 0)))
+        return fail(c, "[0]: expected a list of \"ip:port\" strings (MLX's "
+                       "ring hostfile, MLX_HOSTFILE: one list per rank), got "
+                       "an object; mlx.launch's {\"ssh\": ..., \"ips\": ...} "
+                       "form is not read: write weft's object form");
     if (!json_is_array(json_array_get(root, 0)) ||
         json_array_size(json_array_get(root, 0)) == 0)
         return fail(c, "[0]: expected a non-empty list of \"ip:port\" "
                        "strings (MLX's ring hostfile: one list per rank)");
     K = json_array_size(json_array_get(root, 0));
     if (K > WEFT__MAX_WIRES)
-        return fail(c, "[0]: more than %d addresses per rank",
-                    WEFT__MAX_WIRES);
+        return fail(c, "[0]: more than %d addresses per rank", WEFT__MAX_WIRES);
     ips = calloc(n * K, sizeof *ips);
     ports = calloc(n * K, sizeof *ports);
     h->hosts = calloc(n, sizeof *h->hosts);
@@ -612,9 +628,10 @@ static int load_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
 
         h->nhosts = (int)r + 1;
         if (!json_is_array(jr) || json_array_size(jr) != K) {
-            rc = fail(c, "[%zu]: expected a list of %zu \"ip:port\" strings "
-                         "like [0] (every rank lists as many addresses, one "
-                         "per connection to each neighbour)",
+            rc = fail(c,
+                      "[%zu]: expected a list of %zu \"ip:port\" strings "
+                      "like [0] (every rank lists as many addresses, one "
+                      "per connection to each neighbour)",
                       r, K);
             goto out;
         }
@@ -625,9 +642,10 @@ static int load_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
                 strlen(json_string_value(s)) != json_string_length(s) ||
                 split_ip_port(json_string_value(s), ips[i], sizeof ips[i],
                               &ports[i]) != 0) {
-                rc = fail(c, "[%zu][%zu]: expected an \"ip:port\" string "
-                             "with a port in [1, 65535] (e.g. "
-                             "\"10.0.0.1:5000\"), got %s%s%s",
+                rc = fail(c,
+                          "[%zu][%zu]: expected an \"ip:port\" string "
+                          "with a port in [1, 65535] (e.g. "
+                          "\"10.0.0.1:5000\"), got %s%s%s",
                           r, k, json_is_string(s) ? "\"" : "",
                           json_is_string(s) ? json_string_value(s)
                                             : "something else",
@@ -636,10 +654,11 @@ static int load_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
             }
             for (size_t j = 0; j < i; j++)
                 if (ports[j] == ports[i] && strcmp(ips[j], ips[i]) == 0) {
-                    rc = fail(c, "[%zu][%zu]: address \"%s\" is already "
-                                 "[%zu][%zu]; expected each rank's addresses "
-                                 "to be its own (two ranks cannot listen at "
-                                 "one ip:port)",
+                    rc = fail(c,
+                              "[%zu][%zu]: address \"%s\" is already "
+                              "[%zu][%zu]; expected each rank's addresses "
+                              "to be its own (two ranks cannot listen at "
+                              "one ip:port)",
                               r, k, json_string_value(s), j / K, j % K);
                     goto out;
                 }
@@ -748,15 +767,17 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
         namelen = (size_t)(q - name);
         for (size_t i = 0; i < namelen; i++)
             if (!name_char(name[i])) {
-                rc = fail(c, "line %d, column %d: unexpected character '%c' "
-                             "in a host name: expected \"host slots=N\" (host "
-                             "of letters, digits, '.', '-', '_', ':')",
+                rc = fail(c,
+                          "line %d, column %d: unexpected character '%c' "
+                          "in a host name: expected \"host slots=N\" (host "
+                          "of letters, digits, '.', '-', '_', ':')",
                           lineno, (int)(name - line + (long)i) + 1, name[i]);
                 goto out;
             }
         if (namelen >= sizeof h->links[0].end[0].addr) {
-            rc = fail(c, "line %d, column %d: host name longer than %zu "
-                         "characters",
+            rc = fail(c,
+                      "line %d, column %d: host name longer than %zu "
+                      "characters",
                       lineno, (int)(name - line) + 1,
                       sizeof h->links[0].end[0].addr - 1);
             goto out;
@@ -777,8 +798,9 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
             tl = (size_t)(q - tok);
             if (kv_int(tok, tl, "slots", 1, WEFT__MAX_RANKS, &v, &ok)) {
                 if (!ok) {
-                    rc = fail(c, "line %d, column %d: bad \"%.*s\": expected "
-                                 "slots=N with N an integer in [1, %d]",
+                    rc = fail(c,
+                              "line %d, column %d: bad \"%.*s\": expected "
+                              "slots=N with N an integer in [1, %d]",
                               lineno, (int)(tok - line) + 1, (int)tl, tok,
                               WEFT__MAX_RANKS);
                     goto out;
@@ -787,8 +809,9 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
             } else if (kv_int(tok, tl, "max_slots", 1, WEFT__MAX_RANKS, &v,
                               &ok)) {
                 if (!ok) {
-                    rc = fail(c, "line %d, column %d: bad \"%.*s\": expected "
-                                 "max_slots=N with N an integer in [1, %d]",
+                    rc = fail(c,
+                              "line %d, column %d: bad \"%.*s\": expected "
+                              "max_slots=N with N an integer in [1, %d]",
                               lineno, (int)(tok - line) + 1, (int)tl, tok,
                               WEFT__MAX_RANKS);
                     goto out;
@@ -796,9 +819,10 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
                 have_max = 1;
                 maxs = v;
             } else {
-                rc = fail(c, "line %d, column %d: unexpected \"%.*s\": "
-                             "expected \"host slots=N\" (or \"host\" alone for "
-                             "one slot)",
+                rc = fail(c,
+                          "line %d, column %d: unexpected \"%.*s\": "
+                          "expected \"host slots=N\" (or \"host\" alone for "
+                          "one slot)",
                           lineno, (int)(tok - line) + 1, (int)tl, tok);
                 goto out;
             }
@@ -812,8 +836,9 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
         {
             int other = find_host(h, h->nhosts, name);
             if (other >= 0) {
-                rc = fail(c, "line %d: host \"%s\" is already on line %d; "
-                             "expected each host once, with all its slots",
+                rc = fail(c,
+                          "line %d: host \"%s\" is already on line %d; "
+                          "expected each host once, with all its slots",
                           lineno, name, lines[other]);
                 goto out;
             }
@@ -864,8 +889,9 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
             }
             for (int k = 0; k < host->nranks; k++) {
                 if (WEFT__DEFAULT_PORT + k > 65535) {
-                    rc = fail(c, "line %d: slots=%ld takes ports past 65535 "
-                                 "(from %d)",
+                    rc = fail(c,
+                              "line %d: slots=%ld takes ports past 65535 "
+                              "(from %d)",
                               lineno, slots, WEFT__DEFAULT_PORT);
                     goto out;
                 }
@@ -883,8 +909,8 @@ static int load_text(hf_ctx *c, char *buf, weft__hostfile_out *h)
     if (h->nhosts >= 2) {
         size_t n = (size_t)h->nhosts, nl = n * (n - 1) / 2, l = 0;
         if (nl > (1u << 20)) {
-            rc = fail(c, "%zu hosts: too many for a link between every pair",
-                      n);
+            rc =
+                fail(c, "%zu hosts: too many for a link between every pair", n);
             goto out;
         }
         h->links = calloc(nl, sizeof *h->links);
@@ -937,9 +963,10 @@ int weft__hostfile_check_mesh(const weft__hostfile_out *h, const char *file,
     missing = mesh_missing(h, &a, &i, &j);
     free(a.bits);
     if (missing)
-        return fail(&c, "topology \"mesh\" needs a link between every pair "
-                        "of hosts, but \"%s\" and \"%s\" (hosts[%d] and "
-                        "hosts[%d]) share none",
+        return fail(&c,
+                    "topology \"mesh\" needs a link between every pair "
+                    "of hosts, but \"%s\" and \"%s\" (hosts[%d] and "
+                    "hosts[%d]) share none",
                     h->hosts[i].name, h->hosts[j].name, i, j);
     return WEFT_OK;
 }
@@ -1003,17 +1030,19 @@ static int form_ring(hf_ctx *c, weft__hostfile_out *h)
     if (strcmp(h->topology, "mesh") == 0) {
         int i, j;
         if (mesh_missing(h, &a, &i, &j)) {
-            rc = fail(c, "topology \"mesh\" needs a link between every pair "
-                         "of hosts, but \"%s\" and \"%s\" (hosts[%d] and "
-                         "hosts[%d]) share none",
+            rc = fail(c,
+                      "topology \"mesh\" needs a link between every pair "
+                      "of hosts, but \"%s\" and \"%s\" (hosts[%d] and "
+                      "hosts[%d]) share none",
                       h->hosts[i].name, h->hosts[j].name, i, j);
             goto out;
         }
     }
     if (n == 2) {
         if (!adj_get(&a, 0, 1))
-            rc = fail(c, "hosts \"%s\" and \"%s\" share no link: expected at "
-                         "least one entry in \"links\" joining them",
+            rc = fail(c,
+                      "hosts \"%s\" and \"%s\" share no link: expected at "
+                      "least one entry in \"links\" joining them",
                       h->hosts[0].name, h->hosts[1].name);
         goto out;
     }
@@ -1041,18 +1070,20 @@ static int form_ring(hf_ctx *c, weft__hostfile_out *h)
             bad++;
         }
         if (bad) {
-            rc = fail(c, "links: no ring passes through every host: %s "
-                         "cannot be placed (each host needs links to two "
-                         "different hosts)",
+            rc = fail(c,
+                      "links: no ring passes through every host: %s "
+                      "cannot be placed (each host needs links to two "
+                      "different hosts)",
                       msg);
             goto out;
         }
     }
     if (n > WEFT__HOSTFILE_MAX_SEARCH) {
-        rc = fail(c, "links: the %d hosts, in the order listed, do not form "
-                     "a ring (\"%s\" and \"%s\" share no link), and weft "
-                     "searches for a ring among at most %d hosts: list the "
-                     "hosts in ring order",
+        rc = fail(c,
+                  "links: the %d hosts, in the order listed, do not form "
+                  "a ring (\"%s\" and \"%s\" share no link), and weft "
+                  "searches for a ring among at most %d hosts: list the "
+                  "hosts in ring order",
                   n, h->hosts[gap].name, h->hosts[(gap + 1) % n].name,
                   WEFT__HOSTFILE_MAX_SEARCH);
         goto out;
@@ -1098,9 +1129,10 @@ static int form_ring(hf_ctx *c, weft__hostfile_out *h)
                 if (!((in >> i) & 1))
                     app(rest, sizeof rest, "%s\"%s\"", k++ ? ", " : "",
                         h->hosts[i].name);
-            rc = fail(c, "links: no ring passes through every host: the "
-                         "longest cycle is %s, and %s cannot be placed on it; "
-                         "expected links that join all hosts in one cycle",
+            rc = fail(c,
+                      "links: no ring passes through every host: the "
+                      "longest cycle is %s, and %s cannot be placed on it; "
+                      "expected links that join all hosts in one cycle",
                       cyc, rest);
         }
     }
@@ -1135,7 +1167,7 @@ int weft__hostfile_load(const char *path, int nranks_expected,
     hf_ctx c = {path != NULL ? path : "(null)", errmsg, errlen};
     weft__hostfile_out h;
     char *buf = NULL, *p;
-    size_t len = 0;
+    size_t len = 0, bom = 0;
     int rc;
 
     if (errmsg != NULL && errlen > 0)
@@ -1148,17 +1180,18 @@ int weft__hostfile_load(const char *path, int nranks_expected,
         return fail(&c, "no hostfile named");
     if ((rc = read_file(&c, path, &buf, &len)) != 0)
         return rc;
-    p = buf;
-    if ((unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB &&
-        (unsigned char)p[2] == 0xBF)
-        p += 3; /* a UTF-8 byte-order mark */
+    if (len >= 3 && (unsigned char)buf[0] == 0xEF &&
+        (unsigned char)buf[1] == 0xBB && (unsigned char)buf[2] == 0xBF)
+        bom = 3; /* a UTF-8 byte-order mark: skipped */
+    p = buf + bom;
     while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
         p++;
     if (strlen(buf) != len) {
         rc = fail(&c, "contains a NUL byte: not a text hostfile");
     } else if (*p == '{' || *p == '[') {
         json_error_t jerr;
-        json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+        json_t *root =
+            json_loadb(buf + bom, len - bom, JSON_REJECT_DUPLICATES, &jerr);
         if (root == NULL)
             rc = fail(&c, "line %d, column %d: %s (reading JSON: %s)",
                       jerr.line, jerr.column > 0 ? jerr.column : 1, jerr.text,
@@ -1173,13 +1206,14 @@ int weft__hostfile_load(const char *path, int nranks_expected,
         rc = fail(&c, "empty: expected a JSON object with \"hosts\", MLX's "
                       "JSON list or lines \"host slots=N\"");
     } else {
-        rc = load_text(&c, buf, &h);
+        rc = load_text(&c, buf + bom, &h);
     }
     free(buf);
     if (rc == 0 && nranks_expected >= 0 && h.nranks != nranks_expected)
-        rc = fail(&c, "the hosts hold %d rank%s but the job has %d (the job "
-                      "size: weftrun -n, WEFT_SIZE or the launcher's); make "
-                      "them agree",
+        rc = fail(&c,
+                  "the hosts hold %d rank%s but the job has %d (the job "
+                  "size: weftrun -n, WEFT_SIZE or the launcher's); make "
+                  "them agree",
                   h.nranks, h.nranks == 1 ? "" : "s", nranks_expected);
     if (rc == 0)
         rc = form_ring(&c, &h);
@@ -1220,8 +1254,9 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
     full = !mesh_missing(h, &a, &mi, &mj);
     free(a.bits);
 
-    fprintf(out, "%s hostfile: %d host%s, %d rank%s, %d link%s; transport "
-                 "%s, topology %s%s\n",
+    fprintf(out,
+            "%s hostfile: %d host%s, %d rank%s, %d link%s; transport "
+            "%s, topology %s%s\n",
             formats[h->format >= 1 && h->format <= 3 ? h->format : 0],
             h->nhosts, h->nhosts == 1 ? "" : "s", h->nranks,
             h->nranks == 1 ? "" : "s", h->nlinks, h->nlinks == 1 ? "" : "s",
@@ -1233,9 +1268,10 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
                 h->hosts[0].name);
     } else {
         if (strcmp(topo, "mesh") == 0)
-            fprintf(out, "mesh: every pair of the %d hosts shares a link; "
-                         "ranks exchange directly, and ring operations "
-                         "follow:\n",
+            fprintf(out,
+                    "mesh: every pair of the %d hosts shares a link; "
+                    "ranks exchange directly, and ring operations "
+                    "follow:\n",
                     h->nhosts);
         fprintf(out, "ring%s:\n  ",
                 h->ring_reordered
@@ -1254,9 +1290,10 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
                 fprintf(out, "mesh: every pair of hosts shares a link, so "
                              "ranks may also exchange directly\n");
             else
-                fprintf(out, "not a full mesh (\"%s\" and \"%s\" share no "
-                             "link): ranks on hosts without a link reach each "
-                             "other through the ring\n",
+                fprintf(out,
+                        "not a full mesh (\"%s\" and \"%s\" share no "
+                        "link): ranks on hosts without a link reach each "
+                        "other through the ring\n",
                         h->hosts[mi].name, h->hosts[mj].name);
         }
     }
@@ -1275,9 +1312,10 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
     if (h->nlinks == 0) {
         fprintf(out, "links: none\n");
     } else {
-        fprintf(out, "links (%d wire%s on each; per pair of ranks on its two "
-                     "hosts, the higher rank connects to the lower rank's "
-                     "address and port):\n",
+        fprintf(out,
+                "links (%d wire%s on each; per pair of ranks on its two "
+                "hosts, the higher rank connects to the lower rank's "
+                "address and port):\n",
                 wires, wires == 1 ? "" : "s");
     }
     for (int l = 0; l < h->nlinks; l++) {
@@ -1300,11 +1338,9 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
                     h0->name, e0->addr, h1->name, e1->addr);
             if (npairs == 1)
                 fprintf(out, " (rank %d connects to rank %d at %s:%d)\n",
-                        hh->first_rank, hl->first_rank, el->addr,
-                        hl->ports[0]);
+                        hh->first_rank, hl->first_rank, el->addr, hl->ports[0]);
             else
-                fprintf(out, " (one for each of the %d rank pairs)\n",
-                        npairs);
+                fprintf(out, " (one for each of the %d rank pairs)\n", npairs);
         }
         if (npairs > 1) {
             fprintf(out, "    rank pairs:");

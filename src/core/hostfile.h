@@ -43,10 +43,10 @@ typedef struct {
     char topology[16];  /* "ring", "mesh" or "auto"; "" where silent */
     int nranks;         /* the sum of the hosts' ranks */
     int nhosts;
-    weft__host *hosts;  /* in file order; each with nranks ports */
+    weft__host *hosts; /* in file order; each with nranks ports */
     int nlinks;
-    weft__link *links;  /* in file order; ends name hosts by index */
-    int *rank_host;     /* nranks entries: the host index of each rank */
+    weft__link *links; /* in file order; ends name hosts by index */
+    int *rank_host;    /* nranks entries: the host index of each rank */
     /* The ring: host_order[i] (nhosts entries) is the host at position i.
      * Ranks are numbered along it: host_order[0]'s ranks first, and so on,
      * which is what hosts[].first_rank and rank_host say. ring_reordered
@@ -81,7 +81,6 @@ int weft__hostfile_check_mesh(const weft__hostfile_out *h, const char *file,
  * link with its two ends and its `wires` wires (wire k of link l between
  * which addresses, and which rank listens). Returns WEFT_OK, or
  * WEFT_EINVAL for a bad argument or a failed write. */
-int weft__hostfile_describe(const weft__hostfile_out *h, int wires,
-                            FILE *out);
+int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out);
 
 #endif

@@ -57,8 +57,8 @@ static void expect_bad(const char *name, int nexp, ...)
     cr_assert(strncmp(msg + strlen(path), ": ", 2) == 0, "%s: %s", name, msg);
     va_start(ap, nexp);
     for (const char *frag; (frag = va_arg(ap, const char *)) != NULL;)
-        cr_assert(strstr(msg, frag) != NULL,
-                  "%s: message lacks \"%s\": %s", name, frag, msg);
+        cr_assert(strstr(msg, frag) != NULL, "%s: message lacks \"%s\": %s",
+                  name, frag, msg);
     va_end(ap);
     weft__hostfile_free(&h); /* zeroed: a no-op */
 }
@@ -74,8 +74,8 @@ static int host_index(const weft__hostfile_out *h, const char *name)
 
 /* The link joining addresses a (on host ha) and b (on host hb), in either
  * order of ends; -1 if none. */
-static int find_link(const weft__hostfile_out *h, const char *ha,
-                     const char *a, const char *hb, const char *b)
+static int find_link(const weft__hostfile_out *h, const char *ha, const char *a,
+                     const char *hb, const char *b)
 {
     int ia = host_index(h, ha), ib = host_index(h, hb);
     for (int l = 0; l < h->nlinks; l++)
@@ -113,8 +113,7 @@ static void check_invariants(const weft__hostfile_out *h)
     for (int i = 0; i < h->nhosts; i++) {
         int hi = h->host_order[i];
         const weft__host *hs;
-        cr_assert(hi >= 0 && hi < h->nhosts && !seen[hi], "host_order[%d]",
-                  i);
+        cr_assert(hi >= 0 && hi < h->nhosts && !seen[hi], "host_order[%d]", i);
         seen[hi] = 1;
         hs = &h->hosts[hi];
         cr_assert_eq(hs->first_rank, next, "%s.first_rank", hs->name);
@@ -190,8 +189,8 @@ Test(good, ring4x2)
     for (int k = 0; k < 8; k++) {
         int l = find_link(&h, cables[k][0], cables[k][1], cables[k][2],
                           cables[k][3]);
-        cr_assert(l >= 0, "no link %s %s <-> %s %s", cables[k][0],
-                  cables[k][1], cables[k][2], cables[k][3]);
+        cr_assert(l >= 0, "no link %s %s <-> %s %s", cables[k][0], cables[k][1],
+                  cables[k][2], cables[k][3]);
         cr_assert_eq(used & (1 << l), 0);
         used |= 1 << l;
     }
@@ -248,8 +247,7 @@ Test(good, mesh3)
         cr_assert_eq(h.hosts[i].ports[1], WEFT__DEFAULT_PORT + 1);
     }
     cr_assert(find_link(&h, "c", "10.0.3.1", "a", "10.0.3.2") == 2);
-    cr_assert_eq(weft__hostfile_check_mesh(&h, "f", msg, sizeof msg),
-                 WEFT_OK);
+    cr_assert_eq(weft__hostfile_check_mesh(&h, "f", msg, sizeof msg), WEFT_OK);
     weft__hostfile_free(&h);
 }
 
@@ -263,14 +261,11 @@ Test(good, two_hosts_three_links)
     cr_assert_eq(h.nlinks, 3);
     cr_assert_eq(h.ring_reordered, 0);
     cr_assert_str_eq(h.hosts[0].ssh, "user@left.example");
-    cr_assert_eq(find_link(&h, "left", "192.168.10.1", "right",
-                           "192.168.10.2"),
+    cr_assert_eq(find_link(&h, "left", "192.168.10.1", "right", "192.168.10.2"),
                  0);
-    cr_assert_eq(find_link(&h, "left", "192.168.11.1", "right",
-                           "192.168.11.2"),
+    cr_assert_eq(find_link(&h, "left", "192.168.11.1", "right", "192.168.11.2"),
                  1);
-    cr_assert_eq(find_link(&h, "right", "192.168.12.2", "left",
-                           "192.168.12.1"),
+    cr_assert_eq(find_link(&h, "right", "192.168.12.2", "left", "192.168.12.1"),
                  2);
     weft__hostfile_free(&h);
 }
@@ -334,8 +329,8 @@ Test(good, reorder)
 Test(good, ring16_search)
 {
     /* 16 hosts (the search's limit) whose ring is listed shuffled. */
-    static const int order[] = {0, 6, 8, 14, 5, 7, 4, 13,
-                                1, 10, 15, 3, 2, 12, 9, 11};
+    static const int order[] = {0, 6,  8,  14, 5, 7,  4, 13,
+                                1, 10, 15, 3,  2, 12, 9, 11};
     weft__hostfile_out h;
 
     load_ok("good-ring16-shuffled.json", 16, &h);
@@ -498,8 +493,8 @@ Test(bad, wrong_type)
 
 Test(bad, unknown_host)
 {
-    BAD("bad-unknown-host.json", -1, "links[1][0].host",
-        "unknown host \"m9\"", "expected the name of one of \"hosts\"");
+    BAD("bad-unknown-host.json", -1, "links[1][0].host", "unknown host \"m9\"",
+        "expected the name of one of \"hosts\"");
 }
 
 Test(bad, same_host_link)
@@ -554,8 +549,9 @@ Test(bad, ring_not_closed)
         "cannot be placed");
     BAD("bad-ring-unlinked-host.json", -1, "\"lonely\" (no links)",
         "cannot be placed");
-    BAD("bad-ring-bowtie.json", -1, "longest cycle is \"a\" -> \"b\" -> "
-                                    "\"hub\" -> \"a\"",
+    BAD("bad-ring-bowtie.json", -1,
+        "longest cycle is \"a\" -> \"b\" -> "
+        "\"hub\" -> \"a\"",
         "\"d\", \"e\" cannot be placed");
     BAD("bad-2hosts-nolink.json", -1, "\"m1\" and \"m2\" share no link");
 }
@@ -602,6 +598,8 @@ Test(bad, mlx)
     BAD("bad-mlx-count.json", -1, "[2]: expected a list of 2 \"ip:port\"");
     BAD("bad-mlx-dup.json", -1, "[2][0]: address \"127.0.0.1:5000\"",
         "already [0][0]");
+    BAD("bad-mlx-launch-form.json", -1, "[0]: expected a list of \"ip:port\"",
+        "got an object", "mlx.launch");
 }
 
 Test(bad, mpirun_text)
@@ -611,7 +609,8 @@ Test(bad, mpirun_text)
     BAD("bad-mpirun-slots-zero.txt", -1, "line 1, column 7", "\"slots=0\"");
     BAD("bad-mpirun-token.txt", -1, "line 3, column 7", "unexpected \"cpus=4\"",
         "expected \"host slots=N\"");
-    BAD("bad-mpirun-dup.txt", -1, "line 3: host \"node1\" is already on line 1");
+    BAD("bad-mpirun-dup.txt", -1,
+        "line 3: host \"node1\" is already on line 1");
     BAD("bad-mpirun-name.txt", -1, "line 2, column 5",
         "unexpected character '/'");
     BAD("bad-empty.txt", -1, "no hosts");
@@ -673,7 +672,7 @@ Test(api, edges)
 Test(describe, ring4x2_names_every_link_and_wire)
 {
     weft__hostfile_out h;
-    char *buf = NULL, want[256];
+    char *buf = NULL, want[512];
     size_t len = 0;
     FILE *f;
 

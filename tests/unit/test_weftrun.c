@@ -509,21 +509,26 @@ Test(weftrun, bad_flags_exit_2, .timeout = 30)
     }
 }
 
-Test(weftrun, multihost_flags_not_yet_supported, .timeout = 30)
+Test(weftrun, multihost_flag_errors, .timeout = 30)
 {
-    static const char *const cases[][8] = {
-        {"--hostfile", "hosts.json", "true", NULL},
-        {"--launch-cmd", "ip netns exec {host}", "-n", "2", "true", NULL},
-        {"--hostfile", "hosts.json", "--check", NULL},
+    static const struct {
+        const char *args[8];
+        const char *says;
+    } cases[] = {
+        {{"--hostfile", "/nonexistent/hosts.json", "true", NULL},
+         "/nonexistent/hosts.json"},
+        {{"--launch-cmd", "ip netns exec {host}", "-n", "2", "true", NULL},
+         "needs --hostfile"},
+        {{"--check", NULL}, "needs --hostfile"},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct run r;
 
         run_init(&r);
-        run_weftrun(&r, cases[i]);
+        run_weftrun(&r, cases[i].args);
         expect_exit(&r, 2);
-        expect_in(r.err, "not yet supported", "stderr");
+        expect_in(r.err, cases[i].says, "stderr");
         run_fini(&r);
     }
 }
