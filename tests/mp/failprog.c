@@ -4,6 +4,11 @@
  * finalize; "stop": SIGSTOP itself; "ok": nothing). Ranks whose operation
  * fails print the error and exit 3, as a real program would.
  *
+ * "loop S": all_reduces of 64 Ki floats, checked, for S seconds, for the
+ * multi-host fault tests: prints "ready" once connected, and on a failure
+ * "FAILED <code> <ms>" (ms since the last operation that succeeded) and
+ * the message, then exits 3.
+ *
  * "abort" exercises weft_abort() from a second thread (CI runs it under
  * ThreadSanitizer): the other ranks stay away from rank 0's all_reduce
  * until it was aborted, and all exit 0 when the outcome is the documented
@@ -57,6 +62,59 @@ static int abort_mode(weft_comm *c, int victim)
     return 0;
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int loop_mode(weft_comm *c, int seconds)
+{
+    enum { N = 65536 };
+    static float v[N];
+    double start = now_ms(), last = start;
+    int n = weft_size(c), iter = 0;
+
+    printf("ready\n");
+    fflush(stdout);
+    for (;;) {
+        /* Rank 0's clock decides when to stop, so all ranks stop together
+         * (a rank that left first would look like a dead peer). */
+        int go = now_ms() - start < seconds * 1000.0, rc;
+
+        rc = weft_broadcast(c, &go, 1, WEFT_INT32, 0);
+        if (rc == WEFT_OK && !go)
+            break;
+        for (int k = 0; k < N; k++)
+            v[k] = (float)((weft_rank(c) + k + iter) % 7);
+        if (rc == WEFT_OK)
+            rc = weft_all_reduce(c, v, v, N, WEFT_FLOAT32, WEFT_SUM);
+        if (rc != WEFT_OK) {
+            printf("FAILED %s %.0f\n", weft_err_name(rc), now_ms() - last);
+            printf("%s\n", weft_last_error(c));
+            fflush(stdout);
+            weft_finalize(c);
+            return 3;
+        }
+        for (int k = 0; k < N; k++) {
+            float want = 0;
+            for (int r = 0; r < n; r++)
+                want += (float)((r + k + iter) % 7);
+            if (v[k] != want) {
+                printf("WRONG at %d: %g, want %g\n", k, v[k], want);
+                weft_finalize(c);
+                return 4;
+            }
+        }
+        last = now_ms();
+        iter++;
+    }
+    printf("done %d\n", iter);
+    weft_finalize(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
@@ -72,6 +130,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(mode, "abort") == 0)
         return abort_mode(c, victim);
+    if (strcmp(mode, "loop") == 0)
+        return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10);
     for (int i = 0; i < 10; i++) {
         if (i == 5 && weft_rank(c) == victim) {
             if (strcmp(mode, "exit") == 0)
