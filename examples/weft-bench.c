@@ -716,19 +716,13 @@ static void run_op(struct bench *b, size_t count)
                "weft_broadcast");
         break;
     case OP_SENDRECV: {
-        /* The calls block, so a ring where everyone sends first could
-         * deadlock. Even ranks send first and odd ranks receive first: every
-         * odd rank breaks the cycle (with n odd, ranks n-1 and 0 are both
-         * even, and rank 1 still receives first). */
+        /* As nccl-tests: every rank sends to the next and receives from
+         * the previous one at the same time. */
         int next = (b->rank + 1) % b->nranks;
         int prev = (b->rank - 1 + b->nranks) % b->nranks;
-        if (b->rank % 2 == 0) {
-            WCHECK(weft_send(c, b->call_send, count, dt, next), "weft_send");
-            WCHECK(weft_recv(c, b->call_recv, count, dt, prev), "weft_recv");
-        } else {
-            WCHECK(weft_recv(c, b->call_recv, count, dt, prev), "weft_recv");
-            WCHECK(weft_send(c, b->call_send, count, dt, next), "weft_send");
-        }
+        WCHECK(weft_sendrecv(c, b->call_send, next, b->call_recv, prev, count,
+                             dt),
+               "weft_sendrecv");
         break;
     }
     }

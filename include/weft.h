@@ -132,6 +132,13 @@ WEFT_EXPORT int weft_send(weft_comm *c, const void *buf, size_t count,
                           weft_dtype dtype, int peer);
 WEFT_EXPORT int weft_recv(weft_comm *c, void *buf, size_t count,
                           weft_dtype dtype, int peer);
+/* Sends count elements of sendbuf to peer dst while receiving count
+ * elements from peer src into recvbuf, at the same time (so a ring of
+ * sendrecv calls cannot deadlock, and both directions of a link carry
+ * data). dst and src may be the same peer; neither may be this rank. */
+WEFT_EXPORT int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst,
+                              void *recvbuf, int src, size_t count,
+                              weft_dtype dtype);
 WEFT_EXPORT int weft_barrier(weft_comm *c);
 
 #ifdef __cplusplus

@@ -349,6 +349,26 @@ int weft_recv(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
     return p2p(c, "recv", buf, count, dtype, peer, 0);
 }
 
+int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
+                  int src, size_t count, weft_dtype dtype)
+{
+    int rc;
+
+    CHECK_COMM(c);
+    if ((rc = check(c, "sendrecv", count, dtype, 1)) != 0)
+        return rc;
+    if (dst < 0 || dst >= c->nranks || src < 0 || src >= c->nranks)
+        return inval(c, "sendrecv: peer %d out of range [0, %d)",
+                     dst < 0 || dst >= c->nranks ? dst : src, c->nranks);
+    if (dst == c->rank || src == c->rank)
+        return inval(c, "sendrecv: a peer is this rank (%d)", c->rank);
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "sendrecv: NULL buffer with count %zu", count);
+    if (count == 0)
+        return WEFT_OK;
+    return weft__sendrecv(c, sendbuf, dst, recvbuf, src, count, dtype);
+}
+
 int weft_barrier(weft_comm *c)
 {
     int rc;

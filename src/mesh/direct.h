@@ -12,6 +12,10 @@
 int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
               int peer, int is_send);
 
+/* A send to dst and a receive from src at once, over direct wires. */
+int weft__sendrecv(struct weft_comm *c, const void *sendbuf, int dst,
+                   void *recvbuf, int src, size_t count, weft_dtype dt);
+
 /* 1 when every pair of ranks has direct wires, the job is small enough for
  * one lane per peer, and the topology allows it (not "ring"). */
 int weft__direct_ok(const struct weft_comm *c);
