@@ -334,7 +334,8 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0)
         return WEFT_OK;
-    return weft__p2p(c, buf, count, dtype, peer, is_send);
+    return weft__sendrecv(c, name, buf, is_send ? peer : -1, buf,
+                          is_send ? -1 : peer, count, dtype);
 }
 
 int weft_send(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
@@ -366,7 +367,8 @@ int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
         return inval(c, "sendrecv: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
-    return weft__sendrecv(c, sendbuf, dst, recvbuf, src, count, dtype);
+    return weft__sendrecv(c, "sendrecv", sendbuf, dst, recvbuf, src, count,
+                          dtype);
 }
 
 int weft_barrier(weft_comm *c)

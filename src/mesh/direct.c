@@ -7,45 +7,26 @@
 
 #include <string.h>
 
-int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
-              int peer, int is_send)
+int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
+                   int dst, void *recvbuf, int src, size_t count, weft_dtype dt)
 {
     weft__op op;
     weft__step *st;
 
-    weft__op_init(&op, WEFT__OP_P2P, is_send ? "send" : "recv", dt, WEFT_SUM);
-    op.nlanes = 1;
-    st = weft__op_steps(&op, 0, 1);
-    op.lanes[0].send_peer = is_send ? peer : -1;
-    op.lanes[0].recv_peer = is_send ? -1 : peer;
-    if (st != NULL) {
-        if (is_send) {
-            st[0].send_buf = buf;
-            st[0].send_len = count * op.esize;
-        } else {
-            st[0].recv_dst = buf;
-            st[0].recv_len = count * op.esize;
-        }
-    }
-    return weft__op_run(c, &op);
-}
-
-int weft__sendrecv(struct weft_comm *c, const void *sendbuf, int dst,
-                   void *recvbuf, int src, size_t count, weft_dtype dt)
-{
-    weft__op op;
-    weft__step *st;
-
-    weft__op_init(&op, WEFT__OP_P2P, "sendrecv", dt, WEFT_SUM);
+    weft__op_init(&op, WEFT__OP_P2P, name, dt, WEFT_SUM);
     op.nlanes = 1;
     st = weft__op_steps(&op, 0, 1);
     op.lanes[0].send_peer = dst;
     op.lanes[0].recv_peer = src;
     if (st != NULL) {
-        st[0].send_buf = sendbuf;
-        st[0].send_len = count * op.esize;
-        st[0].recv_dst = recvbuf;
-        st[0].recv_len = count * op.esize;
+        if (dst >= 0) {
+            st[0].send_buf = sendbuf;
+            st[0].send_len = count * op.esize;
+        }
+        if (src >= 0) {
+            st[0].recv_dst = recvbuf;
+            st[0].recv_len = count * op.esize;
+        }
     }
     return weft__op_run(c, &op);
 }

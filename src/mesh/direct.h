@@ -8,13 +8,12 @@
 
 #include "core/internal.h"
 
-/* Point to point over the direct wires to peer. */
-int weft__p2p(struct weft_comm *c, void *buf, size_t count, weft_dtype dt,
-              int peer, int is_send);
-
-/* A send to dst and a receive from src at once, over direct wires. */
-int weft__sendrecv(struct weft_comm *c, const void *sendbuf, int dst,
-                   void *recvbuf, int src, size_t count, weft_dtype dt);
+/* Point to point over direct wires: sends count elements of sendbuf to
+ * dst and at the same time receives count elements from src into recvbuf;
+ * dst or src -1 leaves that half out (a plain send or recv). name labels
+ * the operation in messages. */
+int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
+                   int dst, void *recvbuf, int src, size_t count, weft_dtype dt);
 
 /* 1 when every pair of ranks has direct wires, the job is small enough for
  * one lane per peer, and the topology allows it (not "ring"). */

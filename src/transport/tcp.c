@@ -385,6 +385,16 @@ static void data_write_cb(uv_write_t *req, int status)
     complete_batch(tp, w);
 }
 
+/* Puts k on tp's list of connections with sends to write. */
+static void mark_dirty(tcp_tp *tp, conn *k)
+{
+    if (!k->dirty) {
+        k->dirty = 1;
+        k->dirty_next = tp->dirty;
+        tp->dirty = k;
+    }
+}
+
 /* Hands every queued send to libuv, one write (one writev) per batch of
  * up to BATCH_MAX frames per connection: a header and its first frames, or
  * the frames of several steps, leave in one system call. */
@@ -422,11 +432,8 @@ static void tcp_flush(tcp_tp *tp)
             last->tp_next = NULL;
             if (k->sq_head == NULL)
                 k->sq_tail = NULL;
-            else {
-                k->dirty = 1;
-                k->dirty_next = tp->dirty;
-                tp->dirty = k;
-            }
+            else
+                mark_dirty(tp, k);
         }
         /* Try a plain writev first: when the socket takes the whole batch
          * (small frames usually), no write request is made, and libuv
@@ -468,9 +475,9 @@ static conn *wire_conn(tcp_tp *tp, int p, int w)
     return tp->peers[p].s[w].c;
 }
 
-static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
+/* The connection a frame is posted on, or the error that refuses it. */
+static int post_target(tcp_tp *tp, int p, int w, conn **out)
 {
-    tcp_tp *tp = (tcp_tp *)t;
     conn *k = wire_conn(tp, p, w);
 
     if (tp->err != 0)
@@ -479,6 +486,18 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
         return weft__set_error(tp->c, WEFT_ETRANSPORT,
                                "rank %d: no wire %d to peer %d", tp->rank, w,
                                p);
+    *out = k;
+    return WEFT_OK;
+}
+
+static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    conn *k = NULL;
+    int rc = post_target(tp, p, w, &k);
+
+    if (rc != 0)
+        return rc;
     /* Queued, not written: progress() writes what a pump posted at once. */
     x->tp_next = NULL;
     if (k->sq_tail != NULL)
@@ -486,25 +505,18 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
     else
         k->sq_head = x;
     k->sq_tail = x;
-    if (!k->dirty) {
-        k->dirty = 1;
-        k->dirty_next = tp->dirty;
-        tp->dirty = k;
-    }
+    mark_dirty(tp, k);
     return WEFT_OK;
 }
 
 static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
 {
     tcp_tp *tp = (tcp_tp *)t;
-    conn *k = wire_conn(tp, p, w);
+    conn *k = NULL;
+    int rc = post_target(tp, p, w, &k);
 
-    if (tp->err != 0)
-        return tp->err;
-    if (k == NULL || k->closing)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: no wire %d to peer %d", tp->rank, w,
-                               p);
+    if (rc != 0)
+        return rc;
     if (k->rxb == NULL && (k->rxb = malloc(RX_CAP)) == NULL)
         return weft__set_error(tp->c, WEFT_ENOMEM,
                                "rank %d: no memory for a receive buffer",
@@ -524,8 +536,7 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
         tp->rx_dirty = k;
     }
     if (!k->reading && k->rx_end == 0) {
-        int rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb,
-                               data_read_cb);
+        rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb, data_read_cb);
         if (rc != 0) {
             tcp_fail(tp, WEFT_ETRANSPORT,
                      "rank %d: cannot read from peer %d wire %d: %s",
