@@ -118,11 +118,13 @@ WEFT_EXPORT int weft_all_reduce(weft_comm *c, const void *sendbuf,
                                 void *recvbuf, size_t count, weft_dtype dtype,
                                 weft_redop op);
 /* recvbuf holds size*count elements; rank r's contribution lands at
- * r*count. In place: sendbuf == recvbuf + rank*count elements. */
+ * r*count. In place: sendbuf == recvbuf + rank*count elements (as NCCL), or
+ * sendbuf == recvbuf with this rank's data in the first count elements. */
 WEFT_EXPORT int weft_all_gather(weft_comm *c, const void *sendbuf,
                                 void *recvbuf, size_t count, weft_dtype dtype);
 /* sendbuf holds size*recvcount elements; rank r receives the reduction of
- * block r. In place: recvbuf == sendbuf + rank*recvcount elements. */
+ * block r. In place: recvbuf == sendbuf + rank*recvcount elements (as
+ * NCCL), or recvbuf == sendbuf, the result landing in the first block. */
 WEFT_EXPORT int weft_reduce_scatter(weft_comm *c, const void *sendbuf,
                                     void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, weft_redop op);

@@ -179,7 +179,13 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
     int rc;
 
     /* Partial sums of other ranks' blocks live in scratch: sendbuf is the
-     * caller's and stays untouched. */
+     * caller's and stays untouched. A recvbuf inside sendbuf other than at
+     * this rank's own block (recvbuf == sendbuf, say) could be written while
+     * sendbuf is still being sent: then the result lands in scratch (at the
+     * own block, which no other step uses) and is copied at the end. */
+    const char *rb = recvbuf;
+    int via_scratch = rb != sb + (size_t)c->rank * bytes &&
+                      rb < sb + bytes * (size_t)n && rb + bytes > sb;
     if ((rc = weft__scratch(c, bytes * (size_t)n, (void **)&scratch)) != 0)
         return rc;
     weft__op_init(&op, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dt, redop);
@@ -204,14 +210,18 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
             st[k].send_buf = (k == 0 ? sb : scratch) + so;
             st[k].send_len = m * es;
             st[k].send_dep = k - 1;
-            st[k].recv_dst = last ? (char *)recvbuf + lane_off * es
-                                  : scratch + ro;
+            st[k].recv_dst = last && !via_scratch
+                                 ? (char *)recvbuf + lane_off * es
+                                 : scratch + ro;
             st[k].recv_a = sb + ro;
             st[k].recv_len = m * es;
         }
         lane_off += m;
     }
-    return weft__op_run(c, &op);
+    rc = weft__op_run(c, &op);
+    if (rc == WEFT_OK && via_scratch)
+        memmove(recvbuf, scratch + (size_t)c->rank * bytes, bytes);
+    return rc;
 }
 
 int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,

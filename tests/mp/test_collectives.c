@@ -168,10 +168,15 @@ static int case_reduce_scatter(struct ctx *x, weft_dtype dt, size_t count,
     char what[160];
     snprintf(what, sizeof what, "reduce_scatter(%s, %s, recvcount=%zu, %s)",
              mp_op_name(op), mp_dtype_name(dt), count,
-             inplace ? "in place" : "out of place");
+             inplace == 2 ? "in place, recvbuf == sendbuf"
+             : inplace    ? "in place"
+                          : "out of place");
     unsigned char *send = mp_alloc(total * es);
-    unsigned char *recv =
-        inplace ? send + (size_t)x->rank * nb : mp_alloc(nb);
+    /* 1: recvbuf at this rank's block of sendbuf (as NCCL); 2: recvbuf ==
+     * sendbuf, the result landing in the first block. */
+    unsigned char *recv = inplace == 2 ? send
+                          : inplace    ? send + (size_t)x->rank * nb
+                                       : mp_alloc(nb);
     unsigned char *exp = mp_alloc(nb), *orig = mp_alloc(total * es);
     for (size_t i = 0; i < total; i++)
         mp_put_value(dt, send, i, gen_value(dt, op, x->rank, i, seed));
@@ -217,9 +222,16 @@ static int case_all_gather(struct ctx *x, weft_dtype dt, size_t count,
     size_t total_nb = nb * (size_t)x->nranks;
     char what[160];
     snprintf(what, sizeof what, "all_gather(%s, count=%zu, %s)",
-             mp_dtype_name(dt), count, inplace ? "in place" : "out of place");
+             mp_dtype_name(dt), count,
+             inplace == 2 ? "in place, sendbuf == recvbuf"
+             : inplace    ? "in place"
+                          : "out of place");
     unsigned char *recv = mp_alloc(total_nb);
-    unsigned char *send = inplace ? recv + (size_t)x->rank * nb : mp_alloc(nb);
+    /* 1: sendbuf at this rank's block of recvbuf (as NCCL); 2: sendbuf ==
+     * recvbuf, this rank's data in the first block. */
+    unsigned char *send = inplace == 2 ? recv
+                          : inplace    ? recv + (size_t)x->rank * nb
+                                       : mp_alloc(nb);
     unsigned char *exp = mp_alloc(total_nb), *orig = mp_alloc(nb);
     for (int r = 0; r < x->nranks; r++)
         mp_fill_bytes(exp + (size_t)r * nb, nb, block_seed(seed, r));
@@ -314,14 +326,14 @@ static int run_cases(struct ctx *x)
                 }
             }
             for (size_t o = 0; o < NELEMS(coll_ops); o++) {
-                for (int inplace = 0; inplace < 2; inplace++) {
+                for (int inplace = 0; inplace < 3; inplace++) {
                     if (case_reduce_scatter(x, dt, count, coll_ops[o],
                                             inplace, seed + 7 * o + 1))
                         return 1;
                     x->ncases++;
                 }
             }
-            for (int inplace = 0; inplace < 2; inplace++) {
+            for (int inplace = 0; inplace < 3; inplace++) {
                 if (case_all_gather(x, dt, count, inplace, seed + inplace))
                     return 1;
                 x->ncases++;
