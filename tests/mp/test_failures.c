@@ -765,6 +765,24 @@ Test(env, hostfile_missing, .timeout = 30)
     env_dir_remove(&d);
 }
 
+Test(env, mesh_topology_without_full_mesh, .timeout = 30)
+{
+    /* WEFT_TOPOLOGY=mesh on a hostfile that is a ring of 4 hosts. */
+    const char *dir = getenv("WEFT_FIXTURES");
+    char path[4096];
+    struct env_dir d;
+    snprintf(path, sizeof path, "%s/good-ring4x2.json",
+             dir != NULL ? dir : "tests/fixtures/hostfiles");
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_SIZE", "4", 1);
+    setenv("WEFT_HOSTFILE", path, 1);
+    setenv("WEFT_TOPOLOGY", "mesh", 1);
+    expect_econfig((const char *const[]){"mesh", NULL},
+                   (const char *const[]){"good-ring4x2.json", NULL});
+    env_dir_remove(&d);
+}
+
 Test(env, hostfile_invalid_json, .timeout = 30)
 {
     struct env_dir d;
