@@ -329,3 +329,24 @@ void weft__reduce(void *dst, const void *src, size_t count, weft_dtype dtype,
 {
     weft__reduce3(dst, dst, src, count, dtype, op);
 }
+
+void weft__reduce_ranks(void *dst, const void *all, int n, size_t count,
+                        weft_dtype dtype, weft_redop op)
+{
+    static const size_t esize[] = {
+        [WEFT_INT8] = 1,    [WEFT_UINT8] = 1,    [WEFT_INT32] = 4,
+        [WEFT_UINT32] = 4,  [WEFT_INT64] = 8,    [WEFT_UINT64] = 8,
+        [WEFT_FLOAT16] = 2, [WEFT_BFLOAT16] = 2, [WEFT_FLOAT32] = 4,
+        [WEFT_FLOAT64] = 8,
+    };
+    const char *in = all;
+    size_t bytes;
+
+    if (!weft__dtype_valid((int)dtype))
+        return;
+    bytes = count * esize[dtype];
+
+    weft__reduce3(dst, in, in + bytes, count, dtype, op);
+    for (int i = 2; i < n; i++)
+        weft__reduce(dst, in + (size_t)i * bytes, count, dtype, op);
+}

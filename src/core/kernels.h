@@ -63,4 +63,10 @@ void weft__reduce(void *dst, const void *src, size_t count, weft_dtype dtype,
 void weft__reduce3(void *dst, const void *a, const void *b, size_t count,
                    weft_dtype dtype, weft_redop op);
 
+/* dst = in[0] OP in[1] OP ... OP in[n-1], left to right, where in[i] is
+ * the i-th block of count elements at all (n >= 2): the same order on every
+ * rank, so the same bits. dst does not overlap all. */
+void weft__reduce_ranks(void *dst, const void *all, int n, size_t count,
+                        weft_dtype dtype, weft_redop op);
+
 #endif /* WEFT_KERNELS_H */

@@ -131,9 +131,7 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
     rc = exchange(c, WEFT__OP_ALL_REDUCE, "all_reduce", all, bytes, dt, redop);
     if (rc != 0)
         return rc;
-    weft__reduce3(recvbuf, all, all + bytes, count, dt, redop);
-    for (int i = 2; i < c->nranks; i++)
-        weft__reduce(recvbuf, all + (size_t)i * bytes, count, dt, redop);
+    weft__reduce_ranks(recvbuf, all, c->nranks, count, dt, redop);
     return WEFT_OK;
 }
 
