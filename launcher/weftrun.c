@@ -1117,7 +1117,11 @@ static void signal_running(struct job *job, int signum)
 
         if (!r->started || r->exited)
             continue;
-        rc = uv_process_kill(&r->proc, signum);
+        /* The whole process group: a rank that is a wrapper (a shell, a
+         * launch command) goes with every process it started. */
+        rc = kill(-r->pid, signum) == 0 ? 0 : uv_translate_sys_error(errno);
+        if (rc == UV_ESRCH)
+            rc = uv_process_kill(&r->proc, signum);
         if (rc != 0 && rc != UV_ESRCH)
             msg("cannot send %s to rank %d (pid %d): %s", signal_name(signum),
                 r->index, r->pid, uv_strerror(rc));
@@ -1478,6 +1482,10 @@ static int spawn_rank(struct job *job, struct rank_env *env, int i,
     po.env = env->envp;
     po.stdio_count = 3;
     po.stdio = stdio;
+    /* Each rank leads a process group of its own (setsid), so that stopping
+     * it stops whatever it started too, and a terminal's Ctrl-C reaches the
+     * ranks once, through weftrun, not twice. */
+    po.flags = UV_PROCESS_DETACHED;
 
     rc = uv_spawn(&job->loop, &r->proc, &po);
     if (rc != 0) {

@@ -235,6 +235,35 @@ static void expect_gone(long pid)
               pid);
 }
 
+/* A process that is not a rank's own (its parent died first) is reaped by
+ * init, whenever init gets to it: a zombie counts as gone, and it has a few
+ * seconds to become one. */
+static void expect_gone_soon(long pid)
+{
+    double t0 = now_secs();
+
+    for (;;) {
+        char path[64], buf[256], *p;
+        FILE *f;
+
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+            return;
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        f = fopen(path, "r");
+        if (f != NULL) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            p = strrchr(buf, ')');
+            if (p != NULL && p[1] == ' ' && p[2] == 'Z')
+                return;
+        }
+        cr_assert_lt(now_secs() - t0, 5.0, "process %ld is still running",
+                     pid);
+        usleep(20000);
+    }
+}
+
 /* A rank script prelude: writes the rank's pid to $0/pid.$WEFT_RANK in one
  * step, so a reader never sees half a file. */
 #define WRITE_PID                                                              \
@@ -395,6 +424,28 @@ Test(weftrun, failed_rank_stops_the_others, .timeout = 30)
     cr_assert(stat(hf, &st) != 0 && errno == ENOENT, "%s left behind", hf);
     free(hf);
     free(hf_copy);
+    run_fini(&r);
+}
+
+Test(weftrun, children_of_a_wrapper_rank_are_stopped, .timeout = 30)
+{
+    struct run r;
+
+    run_init(&r);
+    /* Rank 0 is a shell that started a child (as a wrapper script would);
+     * rank 1 fails once the child runs. The child must go too. */
+    run_weftrun(&r,
+                (const char *const[]){
+                    "-n", "2", "--grace-ms", "300", "sh", "-c",
+                    "if [ \"$WEFT_RANK\" = 1 ]; then "
+                    "  while [ ! -e \"$0/pid.child\" ]; do sleep 0.05; done; "
+                    "  exit 3; "
+                    "fi; "
+                    "sleep 60 & echo $! > \"$0/pid.child.tmp\"; "
+                    "mv \"$0/pid.child.tmp\" \"$0/pid.child\"; wait",
+                    r.dir, NULL});
+    expect_exit(&r, 3);
+    expect_gone_soon(read_pid(&r, "pid.child"));
     run_fini(&r);
 }
 
