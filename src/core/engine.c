@@ -568,3 +568,78 @@ int weft__op_run(struct weft_comm *c, weft__op *op)
         free(op->lanes[l].steps);
     return rc;
 }
+
+/* ---- relayed point to point ---- */
+
+typedef struct {
+    weft__xfer x; /* first: the transport hands this back */
+    int done;
+} relay_xfer;
+
+static void relay_done(weft__xfer *x)
+{
+    ((relay_xfer *)x)->done = 1;
+}
+
+int weft__engine_relay(struct weft_comm *c, const char *name,
+                       const void *sendbuf, int dst, void *recvbuf, int src,
+                       size_t nbytes, weft__op *direct)
+{
+    relay_xfer sx, rx;
+    weft__sigpipe_state sp;
+    uint64_t deadline;
+    int rc = WEFT_OK;
+
+    memset(&sx, 0, sizeof sx);
+    memset(&rx, 0, sizeof rx);
+    sx.done = dst < 0;
+    rx.done = src < 0;
+    if (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL) {
+        snprintf(c->errmsg, sizeof c->errmsg,
+                 "rank %d: %s: no wires to rank %d, and the %s transport "
+                 "cannot relay",
+                 c->rank, name, dst >= 0 ? dst : src, c->tpo->name);
+        rc = WEFT_ENOTSUP;
+        goto free_op;
+    }
+    weft__sigpipe_block(&sp);
+    sx.x.done = rx.x.done = relay_done;
+    sx.x.buf = (char *)sendbuf;
+    sx.x.len = nbytes;
+    rx.x.buf = recvbuf;
+    rx.x.len = nbytes;
+    if (dst >= 0)
+        rc = c->tpo->relay_send(c->tp, dst, &sx.x);
+    if (rc == 0 && src >= 0)
+        rc = c->tpo->relay_recv(c->tp, src, &rx.x);
+    /* The half that has wires of its own runs meanwhile; the transport
+     * relays while it progresses. */
+    if (rc == 0 && direct != NULL)
+        rc = engine_run_guarded(c, direct);
+    deadline = weft__now_ms() + (uint64_t)c->timeout_ms;
+    while (rc == 0 && !(sx.done && rx.done)) {
+        if (atomic_load(&c->aborted)) {
+            rc = weft__set_error(c, WEFT_EABORTED,
+                                 "rank %d: %s aborted by weft_abort()",
+                                 c->rank, name);
+            break;
+        }
+        rc = c->tpo->progress(c->tp, deadline);
+        if (rc == WEFT_ETIMEDOUT)
+            weft__set_error(c, rc,
+                            "rank %d: %s passed its deadline of %d ms "
+                            "waiting for a message relayed %s rank %d",
+                            c->rank, name, c->timeout_ms,
+                            rx.done ? "to" : "from", rx.done ? dst : src);
+    }
+    if (rc != 0) {
+        c->tpo->shutdown(c->tp);
+        c->failed = rc;
+    }
+    weft__sigpipe_restore(&sp);
+free_op:
+    if (direct != NULL)
+        for (int l = 0; l < direct->nlanes; l++)
+            free(direct->lanes[l].steps);
+    return rc;
+}

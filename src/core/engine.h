@@ -72,6 +72,15 @@ void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
 weft__step *weft__op_steps(weft__op *op, int lane, int nsteps);
 int weft__op_run(struct weft_comm *c, weft__op *op);
 
+/* Point to point with ranks that have no wires to this one: sends nbytes
+ * of sendbuf to dst and/or receives nbytes from src into recvbuf (-1: that
+ * half is not relayed) through the transport's relay, while direct (NULL
+ * or an operation for the halves that have wires) runs; frees direct's
+ * steps. Same deadline and failure semantics as weft__engine_run. */
+int weft__engine_relay(struct weft_comm *c, const char *name,
+                       const void *sendbuf, int dst, void *recvbuf, int src,
+                       size_t nbytes, weft__op *direct);
+
 /* Frees the engine's staging buffers. */
 void weft__engine_free(struct weft_comm *c);
 

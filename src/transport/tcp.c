@@ -34,6 +34,10 @@
 #define HELLO_BYTES 40
 #define REPLY_BYTES 8
 #define LINK_LOOPBACK 0xffffffffu
+#define LINK_RELAY 0xfffffffeu /* the relay connection to a neighbour */
+#define RELAY_MAGIC 0x4c524657u /* "WFRL" */
+#define RELAY_HDR 24
+#define RELAY_CHUNK (256 * 1024)
 #define HANDSHAKE_MS 5000
 #define RX_CAP (256 * 1024) /* read-ahead per connection */
 #define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
@@ -72,6 +76,11 @@ typedef struct conn {
     int rx_end;          /* the stream ended: 0, UV_EOF or an error */
     int rx_dirty;        /* in tp->rx_dirty: read-ahead to hand out */
     struct conn *rx_next;
+    /* A relay connection reads chunks: a header, then its bytes. */
+    uint8_t rhdr[RELAY_HDR];
+    size_t rhgot;
+    char *rdata;
+    size_t rdlen, rdgot;
     struct conn *next; /* in tp->pending while the handshake runs */
     char name[96];     /* "127.0.0.1:port" of the other end, for logs */
 } conn;
@@ -86,11 +95,13 @@ typedef struct {
     int port;
     uint64_t next_try_ms;
     int connecting;
+    int relay; /* the relay connection, not a data wire */
     conn *c;
 } slot;
 
 typedef struct {
-    int nwires;
+    int nwires; /* data wires: s[0 .. nwires) */
+    int nslots; /* plus the relay connection, if any */
     slot *s;
 } peer;
 
@@ -101,6 +112,23 @@ typedef struct wreq {
     int n;
     struct wreq *next;
 } wreq;
+
+/* A relayed chunk: header fields and its bytes (owned). */
+typedef struct rchunk {
+    uint32_t src, dst, len;
+    uint64_t total;
+    char *data;
+    struct rchunk *next;
+} rchunk;
+
+/* The write of one relayed chunk: its header, and its bytes when they are
+ * owned (a forwarded chunk) rather than the sender's buffer. */
+typedef struct rwreq {
+    uv_write_t req;
+    uint8_t hdr[RELAY_HDR];
+    char *owned;
+    weft__xfer *x; /* the send it belongs to, or NULL when forwarded */
+} rwreq;
 
 /* Frames per write: enough to batch a pump's worth of posts. */
 #define BATCH_MAX 64
@@ -123,6 +151,13 @@ struct tcp_tp {
     wreq *free_wreqs;
     conn *dirty;     /* connections with queued sends */
     conn *rx_dirty;  /* connections with read-ahead for posted receives */
+    /* Relaying (see relay_send): the connections to the left (0) and right
+     * (1) neighbours, chunks that arrived for this rank before their
+     * receive was posted, and the posted relay receives, oldest first. */
+    slot *relay[2];
+    struct rchunk *rpending;
+    weft__xfer *rrecv;
+    int relay_ready; /* posted receives may match pending chunks */
     unsigned events; /* completions and wake-ups, for spinning */
     uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };
@@ -158,6 +193,7 @@ static void conn_close_cb(uv_handle_t *h)
     conn *k = (conn *)h;
     k->tp->nopen--;
     free(k->rxb);
+    free(k->rdata);
     free(k);
 }
 
@@ -551,6 +587,7 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
 /* ---- handshake ---- */
 
 static void housekeep_cb(uv_timer_t *t);
+static void relay_up(conn *k);
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -624,6 +661,7 @@ static void reply_write_cb(uv_write_t *req, int status)
         return;
     }
     k->state = CONN_UP;
+    relay_up(k);
 }
 
 /* An accepted connection's hello is complete: check and place it. */
@@ -644,7 +682,7 @@ static void hello_done(conn *k)
     if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
         from <= (uint32_t)tp->rank)
         return reject(k, "hello names ranks that do not connect here");
-    for (int w = 0; w < tp->peers[from].nwires; w++) {
+    for (int w = 0; w < tp->peers[from].nslots; w++) {
         slot *c = &tp->peers[from].s[w];
         if (!c->outgoing && c->link == link && c->lwire == lwire)
             s = c;
@@ -707,6 +745,7 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         k->state = CONN_UP;
         tp->peers[k->peer].s[k->wire].c = k;
         tp->peers[k->peer].s[k->wire].connecting = 0;
+        relay_up(k);
     }
 }
 
@@ -831,7 +870,7 @@ static void housekeep_cb(uv_timer_t *t)
             reject(k, "no hello within the handshake deadline");
     }
     for (int p = 0; p < tp->nranks; p++) {
-        for (int w = 0; w < tp->peers[p].nwires; w++) {
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
             slot *s = &tp->peers[p].s[w];
             if (!s->outgoing || s->c != NULL)
                 continue;
@@ -842,6 +881,313 @@ static void housekeep_cb(uv_timer_t *t)
     }
     if (!busy && tp->pending == NULL)
         uv_timer_stop(t);
+}
+
+/* ---- relaying ----
+ *
+ * Ranks whose hosts share no cable exchange point-to-point messages through
+ * the ranks between them on the ring. Each rank keeps one connection to
+ * each ring neighbour for this alone (data wires carry only their own
+ * operations' bytes, in order), and reads it whenever it runs progress():
+ * a chunk for this rank is handed to the posted relay receive from its
+ * source (or kept until one is posted); any other chunk goes on, unchanged,
+ * in the direction it was travelling. A message is cut into chunks of
+ * RELAY_CHUNK bytes, each with a header (magic, source, destination, chunk
+ * length, message length); chunks from one source follow one path, so
+ * they arrive in order. Relaying progresses while the ranks in between are
+ * inside weft calls, like any MPI without a progress thread.
+ */
+
+static int relay_dir(const conn *k)
+{
+    tcp_tp *tp = k->tp;
+    return tp->relay[1] != NULL && tp->relay[1]->c == k ? 1 : 0;
+}
+
+static void relay_write_cb(uv_write_t *req, int status)
+{
+    rwreq *w = (rwreq *)req;
+    conn *k = req->handle->data;
+    tcp_tp *tp = k->tp;
+    weft__xfer *x = w->x;
+
+    free(w->owned);
+    free(w);
+    if (tp->shut)
+        return;
+    if (status < 0) {
+        if (x != NULL)
+            tcp_fail(tp, WEFT_EPEER,
+                     "rank %d: relaying to rank %d through neighbour %d "
+                     "failed: %s",
+                     tp->rank, x->peer, k->peer, uv_strerror(status));
+        else
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "a chunk relayed through neighbour %d was lost: %s",
+                      k->peer, uv_strerror(status));
+        return;
+    }
+    if (x != NULL && --x->got == 0) {
+        tp->events++;
+        x->done(x);
+    }
+}
+
+/* Writes one chunk on the relay connection in direction dir. */
+static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
+                       const char *data, uint32_t len, uint64_t total,
+                       char *owned, weft__xfer *x)
+{
+    slot *s = tp->relay[dir];
+    conn *k = s != NULL ? s->c : NULL;
+    rwreq *w;
+    uv_buf_t b[2];
+    int rc;
+
+    if (k == NULL || k->closing || k->rx_end != 0) {
+        free(owned);
+        return WEFT_EPEER;
+    }
+    w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        free(owned);
+        return WEFT_ENOMEM;
+    }
+    put32(w->hdr, RELAY_MAGIC);
+    put32(w->hdr + 4, src);
+    put32(w->hdr + 8, dst);
+    put32(w->hdr + 12, len);
+    put32(w->hdr + 16, (uint32_t)(total >> 32));
+    put32(w->hdr + 20, (uint32_t)total);
+    w->owned = owned;
+    w->x = x;
+    b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
+    b[1] = uv_buf_init((char *)data, len);
+    rc = uv_write(&w->req, (uv_stream_t *)&k->h, b, 2, relay_write_cb);
+    if (rc != 0) {
+        free(w->owned);
+        free(w);
+        return WEFT_EPEER;
+    }
+    return WEFT_OK;
+}
+
+/* Hands chunk c (for this rank) to the first posted receive from its
+ * source; returns 1 if it was taken (and freed). */
+static int relay_deliver(tcp_tp *tp, rchunk *c)
+{
+    weft__xfer **pp = &tp->rrecv, *x;
+
+    while (*pp != NULL && (*pp)->peer != (int)c->src)
+        pp = (weft__xfer **)&(*pp)->tp_next;
+    x = *pp;
+    if (x == NULL)
+        return 0;
+    if (c->total != x->len || x->got + c->len > x->len) {
+        tcp_fail(tp, WEFT_EMISMATCH,
+                 "rank %d: recv of %zu bytes from rank %u met a message of "
+                 "%llu bytes",
+                 tp->rank, x->len, c->src, (unsigned long long)c->total);
+        free(c->data);
+        free(c);
+        return 1;
+    }
+    memcpy(x->buf + x->got, c->data, c->len);
+    x->got += c->len;
+    free(c->data);
+    free(c);
+    if (x->got == x->len) {
+        *pp = x->tp_next;
+        x->tp_next = NULL;
+        tp->events++;
+        x->done(x);
+    }
+    return 1;
+}
+
+/* Matches chunks kept for later against the posted receives. */
+static void relay_drain(tcp_tp *tp)
+{
+    rchunk **pp = &tp->rpending;
+
+    tp->relay_ready = 0;
+    while (*pp != NULL && tp->err == 0) {
+        rchunk *c = *pp;
+        *pp = c->next;
+        if (!relay_deliver(tp, c)) {
+            /* Not taken: put it back where it was. */
+            c->next = *pp;
+            *pp = c;
+            pp = &c->next;
+        }
+    }
+}
+
+static void relay_chunk(conn *k, rchunk *c)
+{
+    tcp_tp *tp = k->tp;
+    rchunk **pp;
+
+    if (c->dst != (uint32_t)tp->rank) {
+        /* Passing through: on in the direction it was going. */
+        int rc = relay_write(tp, 1 - relay_dir(k), c->src, c->dst, c->data,
+                             c->len, c->total, c->data, NULL);
+        if (rc != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "cannot relay a chunk from rank %u to rank %u: %s",
+                      c->src, c->dst, weft_err_name(rc));
+        free(c);
+        return;
+    }
+    if (relay_deliver(tp, c))
+        return;
+    for (pp = &tp->rpending; *pp != NULL; pp = &(*pp)->next)
+        ;
+    c->next = NULL;
+    *pp = c;
+}
+
+static void relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *k = h->data;
+
+    (void)suggested;
+    if (k->rhgot < RELAY_HDR) {
+        buf->base = (char *)k->rhdr + k->rhgot;
+        buf->len = RELAY_HDR - k->rhgot;
+    } else {
+        buf->base = k->rdata + k->rdgot;
+        buf->len = k->rdlen - k->rdgot;
+    }
+}
+
+static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *k = st->data;
+    tcp_tp *tp = k->tp;
+
+    (void)buf;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        uv_read_stop(st);
+        k->rx_end = (int)nread;
+        if (tp->rrecv != NULL)
+            tcp_fail(tp, WEFT_EPEER,
+                     "rank %d: neighbour %d closed the relay connection "
+                     "while a relayed message was awaited",
+                     tp->rank, k->peer);
+        return;
+    }
+    tp->events++;
+    if (k->rhgot < RELAY_HDR) {
+        uint32_t len;
+        k->rhgot += (size_t)nread;
+        if (k->rhgot < RELAY_HDR)
+            return;
+        len = get32(k->rhdr + 12);
+        if (get32(k->rhdr) != RELAY_MAGIC || len == 0 || len > RELAY_CHUNK) {
+            uv_read_stop(st);
+            k->rx_end = UV_EPROTO;
+            tcp_fail(tp, WEFT_ETRANSPORT,
+                     "rank %d: garbled relay chunk from neighbour %d",
+                     tp->rank, k->peer);
+            return;
+        }
+        k->rdlen = len;
+        k->rdgot = 0;
+        k->rdata = malloc(len);
+        if (k->rdata == NULL) {
+            uv_read_stop(st);
+            tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+        }
+        return;
+    }
+    k->rdgot += (size_t)nread;
+    if (k->rdgot == k->rdlen) {
+        rchunk *c = calloc(1, sizeof *c);
+        if (c == NULL) {
+            tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+            return;
+        }
+        c->src = get32(k->rhdr + 4);
+        c->dst = get32(k->rhdr + 8);
+        c->len = (uint32_t)k->rdlen;
+        c->total = (uint64_t)get32(k->rhdr + 16) << 32 | get32(k->rhdr + 20);
+        c->data = k->rdata;
+        k->rdata = NULL;
+        k->rhgot = 0;
+        relay_chunk(k, c);
+    }
+}
+
+/* A connection came up: a relay one starts reading at once, for good. */
+static void relay_up(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    if (!tp->peers[k->peer].s[k->wire].relay)
+        return;
+    if (uv_read_start((uv_stream_t *)&k->h, relay_alloc_cb, relay_read_cb) !=
+        0)
+        tcp_fail(tp, WEFT_ETRANSPORT,
+                 "rank %d: cannot read the relay connection to %d", tp->rank,
+                 k->peer);
+}
+
+static int tcp_relay_send(weft__tp *t, int to, weft__xfer *x)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    int n = tp->nranks;
+    int right_hops = (to - tp->rank + n) % n;
+    int dir = right_hops <= n - right_hops ? 1 : 0;
+    size_t nchunks = (x->len + RELAY_CHUNK - 1) / RELAY_CHUNK;
+
+    if (tp->err != 0)
+        return tp->err;
+    if (tp->relay[0] == NULL)
+        return weft__set_error(tp->c, WEFT_ENOTSUP,
+                               "rank %d: no wires to rank %d, and no relay",
+                               tp->rank, to);
+    x->peer = to;
+    x->got = nchunks; /* writes still to complete */
+    for (size_t i = 0; i < nchunks; i++) {
+        size_t off = i * RELAY_CHUNK;
+        size_t len = x->len - off < RELAY_CHUNK ? x->len - off : RELAY_CHUNK;
+        int rc = relay_write(tp, dir, (uint32_t)tp->rank, (uint32_t)to,
+                             x->buf + off, (uint32_t)len, x->len, NULL, x);
+        if (rc != 0) {
+            tcp_fail(tp, rc,
+                     "rank %d: cannot relay to rank %d: the relay connection "
+                     "to neighbour %d is down",
+                     tp->rank, to, tp->relay[dir]->c ? tp->relay[dir]->c->peer
+                                                       : -1);
+            return tp->err;
+        }
+    }
+    return WEFT_OK;
+}
+
+static int tcp_relay_recv(weft__tp *t, int from, weft__xfer *x)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    weft__xfer **pp = &tp->rrecv;
+
+    if (tp->err != 0)
+        return tp->err;
+    if (tp->relay[0] == NULL)
+        return weft__set_error(tp->c, WEFT_ENOTSUP,
+                               "rank %d: no wires to rank %d, and no relay",
+                               tp->rank, from);
+    x->peer = from;
+    x->got = 0;
+    x->tp_next = NULL;
+    while (*pp != NULL)
+        pp = (weft__xfer **)&(*pp)->tp_next;
+    *pp = x;
+    /* Chunks may be waiting already: progress() hands them over. */
+    tp->relay_ready = 1;
+    return WEFT_OK;
 }
 
 /* ---- set-up and tear-down ---- */
@@ -859,7 +1205,7 @@ static void async_cb(uv_async_t *a)
 static int all_up(tcp_tp *tp)
 {
     for (int p = 0; p < tp->nranks; p++)
-        for (int w = 0; w < tp->peers[p].nwires; w++) {
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
             conn *k = tp->peers[p].s[w].c;
             if (k == NULL || k->state != CONN_UP)
                 return 0;
@@ -871,10 +1217,41 @@ static int all_up(tcp_tp *tp)
  * talk over loopback; ranks on different hosts over every link joining
  * their hosts, `wires` connections on each, ordered by link index so both
  * ends agree. */
+static int hosts_linked(const weft__config *cfg, int ha, int hb)
+{
+    if (ha == hb)
+        return 1;
+    for (int l = 0; l < cfg->nlinks; l++) {
+        const weft__link *lk = &cfg->links[l];
+        if ((lk->end[0].host == ha && lk->end[1].host == hb) ||
+            (lk->end[0].host == hb && lk->end[1].host == ha))
+            return 1;
+    }
+    return 0;
+}
+
+/* A job relays when some pair of ranks has no wires of its own: then each
+ * rank keeps one more connection to each ring neighbour, for relayed
+ * point-to-point traffic only. Every rank decides the same from the
+ * hostfile. */
+static int job_relays(const weft__config *cfg)
+{
+    if (cfg->nranks < 3)
+        return 0;
+    for (int a = 0; a < cfg->nhosts; a++)
+        for (int b = a + 1; b < cfg->nhosts; b++)
+            if (!hosts_linked(cfg, a, b))
+                return 1;
+    return 0;
+}
+
 static int plan_slots(tcp_tp *tp)
 {
     const weft__config *cfg = &tp->c->cfg;
     int W = cfg->wires;
+    int relays = job_relays(cfg);
+    int right = (tp->rank + 1) % tp->nranks;
+    int left = (tp->rank + tp->nranks - 1) % tp->nranks;
 
     tp->peers = calloc((size_t)tp->nranks, sizeof *tp->peers);
     if (tp->peers == NULL)
@@ -901,10 +1278,11 @@ static int plan_slots(tcp_tp *tp)
                                    "rank %d: %d wires to peer %d, more than "
                                    "%d",
                                    tp->rank, n, p, WEFT__MAX_WIRES);
-        tp->peers[p].s = calloc((size_t)n, sizeof(slot));
+        tp->peers[p].s = calloc((size_t)n + 1, sizeof(slot));
         if (tp->peers[p].s == NULL)
             return WEFT_ENOMEM;
         tp->peers[p].nwires = n;
+        tp->peers[p].nslots = n;
         n = 0;
         if (hp == hm) {
             for (int w = 0; w < W; w++, n++) {
@@ -929,6 +1307,17 @@ static int plan_slots(tcp_tp *tp)
                              lk->end[lo_end].addr);
                 }
             }
+        }
+        if (relays && (p == left || p == right)) {
+            /* The relay connection runs on the neighbour's first wire's
+             * path (link and address). */
+            slot *s = &tp->peers[p].s[n];
+            *s = tp->peers[p].s[0];
+            s->link = LINK_RELAY;
+            s->lwire = 0;
+            s->relay = 1;
+            tp->relay[p == right ? 1 : 0] = s;
+            tp->peers[p].nslots = ++n;
         }
         for (int w = 0; w < n; w++) {
             slot *s = &tp->peers[p].s[w];
@@ -966,7 +1355,7 @@ static void tcp_shutdown(weft__tp *t)
      * would open new connections while we wait for these to close. */
     uv_timer_stop(&tp->housekeep);
     for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
-        for (int w = 0; w < tp->peers[p].nwires; w++) {
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
             conn *k = tp->peers[p].s[w].c;
             if (k != NULL) {
                 k->rq_head = k->rq_tail = NULL;
@@ -980,6 +1369,13 @@ static void tcp_shutdown(weft__tp *t)
     tp->pending = NULL;
     tp->dirty = NULL;
     tp->rx_dirty = NULL;
+    tp->rrecv = NULL;
+    while (tp->rpending != NULL) {
+        rchunk *c = tp->rpending;
+        tp->rpending = c->next;
+        free(c->data);
+        free(c);
+    }
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
     /* Close callbacks (and cancelled writes) run in the next iteration; the
@@ -1091,7 +1487,7 @@ static int tcp_create_guarded(struct weft_comm *c, weft__tp **out)
             char missing[256] = "";
             size_t len = 0;
             for (int p = 0; p < tp->nranks && len < sizeof missing - 16; p++)
-                for (int w = 0; w < tp->peers[p].nwires; w++)
+                for (int w = 0; w < tp->peers[p].nslots; w++)
                     if (tp->peers[p].s[w].c == NULL ||
                         tp->peers[p].s[w].c->state != CONN_UP) {
                         len += (size_t)snprintf(missing + len,
@@ -1144,6 +1540,8 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
         if (!k->closing)
             rx_drain(k);
     }
+    if (tp->relay_ready && tp->err == 0)
+        relay_drain(tp);
     if (tp->err != 0)
         return tp->err;
     if (tp->events != ev)
@@ -1187,4 +1585,6 @@ const weft__tp_ops weft__tcp_ops = {
     .progress = tcp_progress,
     .wake = tcp_wake,
     .shutdown = tcp_shutdown,
+    .relay_send = tcp_relay_send,
+    .relay_recv = tcp_relay_recv,
 };

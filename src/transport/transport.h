@@ -34,6 +34,7 @@ typedef struct weft__xfer {
     char *buf;
     size_t len;
     size_t got;
+    int peer; /* relay only: the other end */
 } weft__xfer;
 
 typedef struct weft__tp_ops {
@@ -59,6 +60,13 @@ typedef struct weft__tp_ops {
     /* Closes every wire after a failure: pending frames are dropped and no
      * completion runs afterwards. The transport stays allocated. */
     void (*shutdown)(weft__tp *tp);
+    /* Point to point with a rank that has no wires to this one: the message
+     * goes around the ring, each rank in between forwarding it while it is
+     * inside progress(). len bytes of x->buf to (or from) peer; x->done
+     * runs once all of it has left (or arrived). NULL where the transport
+     * cannot relay (then such peers are WEFT_ENOTSUP). */
+    int (*relay_send)(weft__tp *tp, int peer, weft__xfer *x);
+    int (*relay_recv)(weft__tp *tp, int peer, weft__xfer *x);
 } weft__tp_ops;
 
 extern const weft__tp_ops weft__tcp_ops;
