@@ -807,8 +807,10 @@ out:
     return rc;
 }
 
-/* The hostfile of a --hostfile job (NULL for -n N on this host). */
+/* The hostfile of a --hostfile job (NULL for -n N on this host), and its
+ * text, handed to ranks started over ssh as WEFT_HOSTFILE_TEXT. */
 static weft__hostfile_out *g_hf;
+static char *g_hf_text;
 
 static void rank_env_set_rank(struct rank_env *e, int rank, int nranks)
 {
@@ -1394,8 +1396,20 @@ static int remote_argv(const struct opts *o, const weft__hostfile_out *hf,
         len += (size_t)snprintf(cmd + len, cap - len, " && exec env");
         /* The rank's own variables: weftrun's and -x ones, not the whole
          * local environment. */
+        if (g_hf_text != NULL) {
+            char *v = NULL;
+            if (asprintf(&v, "WEFT_HOSTFILE_TEXT=%s", g_hf_text) < 0)
+                goto oom_cmd;
+            if (shell_quote(&cmd, &len, &cap, v) != 0) {
+                free(v);
+                goto oom_cmd;
+            }
+            free(v);
+        }
         for (char **e = env->envp; *e != NULL; e++) {
-            int ours = strncmp(*e, "WEFT_", 5) == 0;
+            /* The remote host reads the hostfile from the text above. */
+            int ours = strncmp(*e, "WEFT_", 5) == 0 &&
+                       strncmp(*e, "WEFT_HOSTFILE=", 14) != 0;
             for (int x = 0; !ours && x < o->nxvars; x++)
                 ours = strncmp(*e, o->xvars[x],
                                env_name_len(o->xvars[x])) == 0 &&
@@ -1406,7 +1420,9 @@ static int remote_argv(const struct opts *o, const weft__hostfile_out *hf,
         for (size_t k = 0; k < nprog; k++)
             if (shell_quote(&cmd, &len, &cap, o->prog_argv[k]) != 0)
                 goto oom_cmd;
-        if ((argv[n++] = strdup("ssh")) == NULL ||
+        const char *ssh = getenv("WEFTRUN_SSH");
+        if ((argv[n++] = strdup(ssh != NULL && *ssh != '\0' ? ssh : "ssh")) ==
+                NULL ||
             (argv[n++] = strdup("-o")) == NULL ||
             (argv[n++] = strdup("BatchMode=yes")) == NULL ||
             (argv[n++] = strdup(h->ssh)) == NULL) {
@@ -1637,6 +1653,18 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
         g_hf = &hf;
+        {
+            FILE *f = fopen(o.hostfile, "rb");
+            size_t cap = 0;
+            if (f != NULL) {
+                ssize_t nr = getdelim(&g_hf_text, &cap, '\0', f);
+                if (nr < 0) {
+                    free(g_hf_text);
+                    g_hf_text = NULL;
+                }
+                fclose(f);
+            }
+        }
         if (o.check) {
             rc = weft__hostfile_describe(&hf, o.wires > 0 ? o.wires : 1,
                                          stdout) == 0 &&
@@ -1644,6 +1672,7 @@ int main(int argc, char **argv)
                      ? 0
                      : 1;
             weft__hostfile_free(&hf);
+            free(g_hf_text);
             free(o.xvars);
             return rc;
         }
@@ -1651,6 +1680,7 @@ int main(int argc, char **argv)
             msg("-n %d disagrees with %s, whose hosts hold %d ranks", o.nranks,
                 o.hostfile, hf.nranks);
             weft__hostfile_free(&hf);
+            free(g_hf_text);
             free(o.xvars);
             return EXIT_USAGE;
         }
@@ -1712,6 +1742,7 @@ out:
         argv_free(job.ranks[i].argv);
     if (g_hf != NULL)
         weft__hostfile_free(g_hf);
+    free(g_hf_text);
     free(job.ranks);
     free(ports);
     free(o.xvars);

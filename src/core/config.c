@@ -99,9 +99,20 @@ static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
 static int load_hostfile(weft__config *cfg, char *errmsg, size_t errlen)
 {
     const char *file = getenv("WEFT_HOSTFILE");
+    const char *text = getenv("WEFT_HOSTFILE_TEXT");
     weft__hostfile_out hf;
     int rc;
 
+    if ((file == NULL || *file == '\0') && text != NULL && *text != '\0') {
+        /* The hostfile itself, as weftrun hands it to ranks it starts over
+         * ssh (the file need not exist on their hosts). */
+        strcpy(cfg->hostfile, "WEFT_HOSTFILE_TEXT");
+        rc = weft__hostfile_load_text("WEFT_HOSTFILE_TEXT", text, cfg->nranks,
+                                      &hf, errmsg, errlen);
+        if (rc != 0)
+            return rc;
+        goto take;
+    }
     if (file == NULL || *file == '\0') {
         if (cfg->nranks == 1) {
             /* A job of one rank needs no peers and so no hostfile. */
@@ -126,6 +137,7 @@ static int load_hostfile(weft__config *cfg, char *errmsg, size_t errlen)
     rc = weft__hostfile_load(file, cfg->nranks, &hf, errmsg, errlen);
     if (rc != 0)
         return rc;
+take:
     if (hf.transport[0] != '\0')
         strcpy(cfg->transport, hf.transport);
     if (hf.topology[0] != '\0')

@@ -1161,13 +1161,15 @@ static int number_ranks(hf_ctx *c, weft__hostfile_out *h)
 
 /* ---- loading ---- */
 
+static int load_buffer(hf_ctx *cp, char *buf, size_t len, int nranks_expected,
+                       weft__hostfile_out *out);
+
 int weft__hostfile_load(const char *path, int nranks_expected,
                         weft__hostfile_out *out, char *errmsg, size_t errlen)
 {
     hf_ctx c = {path != NULL ? path : "(null)", errmsg, errlen};
-    weft__hostfile_out h;
-    char *buf = NULL, *p;
-    size_t len = 0, bom = 0;
+    char *buf = NULL;
+    size_t len = 0;
     int rc;
 
     if (errmsg != NULL && errlen > 0)
@@ -1175,11 +1177,41 @@ int weft__hostfile_load(const char *path, int nranks_expected,
     if (out == NULL)
         return WEFT_EINVAL;
     memset(out, 0, sizeof *out);
-    memset(&h, 0, sizeof h);
     if (path == NULL || *path == '\0')
         return fail(&c, "no hostfile named");
     if ((rc = read_file(&c, path, &buf, &len)) != 0)
         return rc;
+    return load_buffer(&c, buf, len, nranks_expected, out);
+}
+
+int weft__hostfile_load_text(const char *name, const char *text,
+                             int nranks_expected, weft__hostfile_out *out,
+                             char *errmsg, size_t errlen)
+{
+    hf_ctx c = {name, errmsg, errlen};
+    char *buf;
+
+    if (errmsg != NULL && errlen > 0)
+        errmsg[0] = '\0';
+    if (out == NULL || text == NULL)
+        return WEFT_EINVAL;
+    memset(out, 0, sizeof *out);
+    if ((buf = strdup(text)) == NULL)
+        return WEFT_ENOMEM;
+    return load_buffer(&c, buf, strlen(buf), nranks_expected, out);
+}
+
+/* Parses and validates buf (len bytes, NUL-terminated, freed here). */
+static int load_buffer(hf_ctx *cp, char *buf, size_t len, int nranks_expected,
+                       weft__hostfile_out *out)
+{
+    hf_ctx c = *cp;
+    weft__hostfile_out h;
+    char *p;
+    size_t bom = 0;
+    int rc;
+
+    memset(&h, 0, sizeof h);
     if (len >= 3 && (unsigned char)buf[0] == 0xEF &&
         (unsigned char)buf[1] == 0xBB && (unsigned char)buf[2] == 0xBF)
         bom = 3; /* a UTF-8 byte-order mark: skipped */

@@ -66,6 +66,12 @@ typedef struct {
 int weft__hostfile_load(const char *path, int nranks_expected,
                         weft__hostfile_out *out, char *errmsg, size_t errlen);
 
+/* As weft__hostfile_load, for a hostfile's text (name stands for the file
+ * in messages): how weftrun hands the hostfile to ranks on other hosts. */
+int weft__hostfile_load_text(const char *name, const char *text,
+                             int nranks_expected, weft__hostfile_out *out,
+                             char *errmsg, size_t errlen);
+
 /* Frees what *h holds and zeroes it; NULL or a zeroed *h are fine. */
 void weft__hostfile_free(weft__hostfile_out *h);
 
