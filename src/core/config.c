@@ -261,12 +261,15 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
 
 void weft__config_free(weft__config *cfg)
 {
-    if (cfg->hosts != NULL)
-        for (int i = 0; i < cfg->nhosts; i++)
-            free(cfg->hosts[i].ports);
-    free(cfg->hosts);
-    free(cfg->links);
-    free(cfg->rank_host);
+    /* The tables came from the hostfile loader (or have its shapes). */
+    weft__hostfile_out tables;
+
+    memset(&tables, 0, sizeof tables);
+    tables.nhosts = cfg->nhosts;
+    tables.hosts = cfg->hosts;
+    tables.links = cfg->links;
+    tables.rank_host = cfg->rank_host;
+    weft__hostfile_free(&tables);
     memset(cfg, 0, sizeof *cfg);
 }
 

@@ -511,6 +511,17 @@ static conn *wire_conn(tcp_tp *tp, int p, int w)
     return tp->peers[p].s[w].c;
 }
 
+/* Appends x to a connection's queue of frames (sends or receives). */
+static void xq_push(weft__xfer **head, weft__xfer **tail, weft__xfer *x)
+{
+    x->tp_next = NULL;
+    if (*tail != NULL)
+        (*tail)->tp_next = x;
+    else
+        *head = x;
+    *tail = x;
+}
+
 /* The connection a frame is posted on, or the error that refuses it. */
 static int post_target(tcp_tp *tp, int p, int w, conn **out)
 {
@@ -535,12 +546,7 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
     if (rc != 0)
         return rc;
     /* Queued, not written: progress() writes what a pump posted at once. */
-    x->tp_next = NULL;
-    if (k->sq_tail != NULL)
-        k->sq_tail->tp_next = x;
-    else
-        k->sq_head = x;
-    k->sq_tail = x;
+    xq_push(&k->sq_head, &k->sq_tail, x);
     mark_dirty(tp, k);
     return WEFT_OK;
 }
@@ -558,12 +564,7 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
                                "rank %d: no memory for a receive buffer",
                                tp->rank);
     x->got = 0;
-    x->tp_next = NULL;
-    if (k->rq_tail != NULL)
-        k->rq_tail->tp_next = x;
-    else
-        k->rq_head = x;
-    k->rq_tail = x;
+    xq_push(&k->rq_head, &k->rq_tail, x);
     /* Read-ahead (or the stream's end) is handed out by progress(), since
      * completions never run inside a post. */
     if ((k->rx_lo < k->rx_hi || k->rx_end != 0) && !k->rx_dirty) {
