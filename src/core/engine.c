@@ -351,8 +351,10 @@ static int lane_done(const run *r, int lane)
 }
 
 /* Names what the operation was still waiting for, for a timeout message. */
-static void describe_wait(const run *r, char *out, size_t outlen)
+static void describe_wait(const void *arg, char *out, size_t outlen)
 {
+    const run *r = arg;
+
     snprintf(out, outlen, "nothing");
     for (int l = 0; l < r->op->nlanes; l++) {
         const weft__lane *ln = &r->op->lanes[l];
@@ -379,6 +381,48 @@ static void describe_wait(const run *r, char *out, size_t outlen)
             }
         }
     }
+}
+
+/* One wait of an operation, shared by every loop that waits on the
+ * transport: an abort, the deadline or a failed wire ends the wait with
+ * its error, which is stored in *err unless *err already holds one (a
+ * completion may have failed meanwhile, and the first cause wins); the
+ * timeout message names what the operation waited for (describe). */
+static void wait_once(struct weft_comm *c, const char *name,
+                      uint64_t deadline,
+                      void (*describe)(const void *, char *, size_t),
+                      const void *arg, int *err)
+{
+    char what[160];
+    int rc;
+
+    if (atomic_load(&c->aborted)) {
+        if (*err == 0)
+            *err = weft__set_error(c, WEFT_EABORTED,
+                                   "rank %d: %s aborted by weft_abort()",
+                                   c->rank, name);
+        return;
+    }
+    rc = c->tpo->progress(c->tp, deadline);
+    if (rc == 0 || *err != 0)
+        return;
+    if (rc == WEFT_ETIMEDOUT) {
+        describe(arg, what, sizeof what);
+        weft__set_error(c, rc,
+                        "rank %d: %s passed its deadline of %d ms "
+                        "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting for "
+                        "%s",
+                        c->rank, name, c->timeout_ms, what);
+    }
+    *err = rc;
+}
+
+/* After a failed operation: drop every frame in flight (none may touch the
+ * caller's buffers once we return) and fail the communicator. */
+static void op_failed(struct weft_comm *c, int err)
+{
+    c->tpo->shutdown(c->tp);
+    c->failed = err;
 }
 
 static int engine_ensure(struct weft_comm *c)
@@ -501,36 +545,21 @@ static int engine_run_guarded(struct weft_comm *c, const weft__op *op)
             all_done = lane_done(&r, l);
         if (r.err != 0 || all_done)
             break;
-        if (atomic_load(&c->aborted)) {
-            r.err = weft__set_error(c, WEFT_EABORTED,
-                                    "rank %d: %s aborted by weft_abort()",
-                                    c->rank, op->name);
-            break;
-        }
-        rc = c->tpo->progress(c->tp, deadline);
-        if (rc == WEFT_ETIMEDOUT) {
-            char what[160];
-            describe_wait(&r, what, sizeof what);
-            engine_fail(&r, WEFT_ETIMEDOUT,
-                        "rank %d: %s passed its deadline of %d ms "
-                        "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting for "
-                        "%s",
-                        c->rank, op->name, c->timeout_ms, what);
-        } else if (rc != 0 && r.err == 0) {
-            r.err = rc;
-        }
+        wait_once(c, op->name, deadline, describe_wait, &r, &r.err);
     }
     rc = r.err;
 out:
-    if (rc != 0) {
-        /* Drop every frame in flight: none may touch the caller's buffers
-         * after we return, and the communicator is failed anyway. */
-        c->tpo->shutdown(c->tp);
-        c->failed = rc;
-    }
+    if (rc != 0)
+        op_failed(c, rc);
     for (int l = 0; l < op->nlanes; l++)
         free(r.ws[l]);
     return rc;
+}
+
+static void op_free_steps(weft__op *op)
+{
+    for (int l = 0; l < op->nlanes; l++)
+        free(op->lanes[l].steps);
 }
 
 void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
@@ -564,8 +593,7 @@ int weft__op_run(struct weft_comm *c, weft__op *op)
             rc = weft__set_error(c, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank, op->name);
     if (rc == WEFT_OK)
         rc = weft__engine_run(c, op);
-    for (int l = 0; l < op->nlanes; l++)
-        free(op->lanes[l].steps);
+    op_free_steps(op);
     return rc;
 }
 
@@ -575,6 +603,19 @@ typedef struct {
     weft__xfer x; /* first: the transport hands this back */
     int done;
 } relay_xfer;
+
+typedef struct {
+    const relay_xfer *rx;
+    int dst, src;
+} relay_wait;
+
+static void describe_relay(const void *arg, char *out, size_t outlen)
+{
+    const relay_wait *w = arg;
+
+    snprintf(out, outlen, "a message relayed %s rank %d",
+             w->rx->done ? "to" : "from", w->rx->done ? w->dst : w->src);
+}
 
 static void relay_done(weft__xfer *x)
 {
@@ -617,29 +658,16 @@ int weft__engine_relay(struct weft_comm *c, const char *name,
     if (rc == 0 && direct != NULL)
         rc = engine_run_guarded(c, direct);
     deadline = weft__now_ms() + (uint64_t)c->timeout_ms;
-    while (rc == 0 && !(sx.done && rx.done)) {
-        if (atomic_load(&c->aborted)) {
-            rc = weft__set_error(c, WEFT_EABORTED,
-                                 "rank %d: %s aborted by weft_abort()",
-                                 c->rank, name);
-            break;
-        }
-        rc = c->tpo->progress(c->tp, deadline);
-        if (rc == WEFT_ETIMEDOUT)
-            weft__set_error(c, rc,
-                            "rank %d: %s passed its deadline of %d ms "
-                            "waiting for a message relayed %s rank %d",
-                            c->rank, name, c->timeout_ms,
-                            rx.done ? "to" : "from", rx.done ? dst : src);
+    {
+        relay_wait w = {&rx, dst, src};
+        while (rc == 0 && !(sx.done && rx.done))
+            wait_once(c, name, deadline, describe_relay, &w, &rc);
     }
-    if (rc != 0) {
-        c->tpo->shutdown(c->tp);
-        c->failed = rc;
-    }
+    if (rc != 0)
+        op_failed(c, rc);
     weft__sigpipe_restore(&sp);
 free_op:
     if (direct != NULL)
-        for (int l = 0; l < direct->nlanes; l++)
-            free(direct->lanes[l].steps);
+        op_free_steps(direct);
     return rc;
 }

@@ -10,47 +10,38 @@
 int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
                    int dst, void *recvbuf, int src, size_t count, weft_dtype dt)
 {
-    /* A peer with no wires to this rank is reached through the relay. */
+    /* A peer with no wires to this rank is reached through the relay; the
+     * halves with wires run as one lane of the engine. */
     int relay_dst = dst >= 0 && c->tpo->nwires(c->tp, dst) == 0;
     int relay_src = src >= 0 && c->tpo->nwires(c->tp, src) == 0;
+    int ddst = relay_dst ? -1 : dst, dsrc = relay_src ? -1 : src;
     weft__op op;
-    weft__step *st;
 
     weft__op_init(&op, WEFT__OP_P2P, name, dt, WEFT_SUM);
-    if (relay_dst || relay_src) {
-        int ddst = relay_dst ? -1 : dst, dsrc = relay_src ? -1 : src;
-        if (ddst >= 0 || dsrc >= 0) {
-            op.nlanes = 1;
-            st = weft__op_steps(&op, 0, 1);
-            op.lanes[0].send_peer = ddst;
-            op.lanes[0].recv_peer = dsrc;
-            if (st == NULL)
-                return weft__op_run(c, &op); /* reports WEFT_ENOMEM */
-            st[0].send_buf = sendbuf;
-            st[0].send_len = ddst >= 0 ? count * op.esize : 0;
-            st[0].recv_dst = recvbuf;
-            st[0].recv_len = dsrc >= 0 ? count * op.esize : 0;
-        }
-        return weft__engine_relay(c, name, sendbuf, relay_dst ? dst : -1,
-                                  recvbuf, relay_src ? src : -1,
-                                  count * op.esize,
-                                  op.nlanes > 0 ? &op : NULL);
-    }
-    op.nlanes = 1;
-    st = weft__op_steps(&op, 0, 1);
-    op.lanes[0].send_peer = dst;
-    op.lanes[0].recv_peer = src;
-    if (st != NULL) {
-        if (dst >= 0) {
-            st[0].send_buf = sendbuf;
-            st[0].send_len = count * op.esize;
-        }
-        if (src >= 0) {
-            st[0].recv_dst = recvbuf;
-            st[0].recv_len = count * op.esize;
+    if (ddst >= 0 || dsrc >= 0) {
+        weft__step *st = weft__op_steps(&op, 0, 1);
+
+        op.nlanes = 1;
+        op.lanes[0].send_peer = ddst;
+        op.lanes[0].recv_peer = dsrc;
+        if (st != NULL) {
+            if (ddst >= 0) {
+                st[0].send_buf = sendbuf;
+                st[0].send_len = count * op.esize;
+            }
+            if (dsrc >= 0) {
+                st[0].recv_dst = recvbuf;
+                st[0].recv_len = count * op.esize;
+            }
         }
     }
-    return weft__op_run(c, &op);
+    /* Without steps op_run reports WEFT_ENOMEM (and frees nothing else). */
+    if ((!relay_dst && !relay_src) ||
+        (op.nlanes > 0 && op.lanes[0].steps == NULL))
+        return weft__op_run(c, &op);
+    return weft__engine_relay(c, name, sendbuf, relay_dst ? dst : -1,
+                              recvbuf, relay_src ? src : -1, count * op.esize,
+                              op.nlanes > 0 ? &op : NULL);
 }
 
 int weft__direct_ok(const struct weft_comm *c)
