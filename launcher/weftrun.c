@@ -1666,6 +1666,23 @@ int main(int argc, char **argv)
             }
         }
         if (o.check) {
+            /* Describe the job as the options would run it. */
+            if (o.transport != NULL)
+                snprintf(hf.transport, sizeof hf.transport, "%s",
+                         o.transport);
+            if (o.topology != NULL) {
+                char why[512];
+                if (strcmp(o.topology, "mesh") == 0 &&
+                    weft__hostfile_check_mesh(&hf, o.hostfile, why,
+                                              sizeof why) != 0) {
+                    msg("--topology mesh: %s", why);
+                    weft__hostfile_free(&hf);
+                    free(g_hf_text);
+                    free(o.xvars);
+                    return EXIT_USAGE;
+                }
+                snprintf(hf.topology, sizeof hf.topology, "%s", o.topology);
+            }
             rc = weft__hostfile_describe(&hf, o.wires > 0 ? o.wires : 1,
                                          stdout) == 0 &&
                          fflush(stdout) == 0

@@ -6,6 +6,7 @@
 #include "core/internal.h"
 #include "core/kernels.h"
 #include "mesh/direct.h"
+#include "mesh/mesh.h"
 #include "ring/ring.h"
 #include "transport/transport.h"
 
@@ -250,6 +251,8 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
             c->cfg.small_all_reduce_bytes &&
         weft__direct_ok(c))
         return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+    if (weft__mesh_ok(c))
+        return weft__mesh_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
     return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
 }
 
@@ -269,6 +272,9 @@ int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    if (weft__mesh_ok(c))
+        return weft__mesh_all_gather(c, sendbuf, recvbuf, count, dtype,
+                                     WEFT__OP_ALL_GATHER, "all_gather");
     return weft__ring_all_gather(c, sendbuf, recvbuf, count, dtype,
                                  WEFT__OP_ALL_GATHER, "all_gather");
 }
@@ -293,6 +299,9 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    if (weft__mesh_ok(c))
+        return weft__mesh_reduce_scatter(c, sendbuf, recvbuf, recvcount,
+                                         dtype, op);
     return weft__ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype,
                                      op);
 }
@@ -312,6 +321,8 @@ int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
         return inval(c, "broadcast: NULL buffer with count %zu", count);
     if (count == 0 || c->nranks == 1)
         return WEFT_OK;
+    if (weft__mesh_ok(c))
+        return weft__mesh_broadcast(c, buf, count, dtype, root);
     return weft__ring_broadcast(c, buf, count, dtype, root);
 }
 

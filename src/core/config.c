@@ -159,6 +159,7 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
 {
     const char *s;
     long v;
+    weft__hostfile_out view;
     int rc;
 
     memset(cfg, 0, sizeof *cfg);
@@ -243,19 +244,19 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
         return CFG_ERR("unknown topology \"%s\" (WEFT_TOPOLOGY or the "
                        "hostfile's \"topology\"): use ring, mesh or auto",
                        cfg->topology);
-    if (strcmp(cfg->topology, "mesh") == 0) {
-        /* A mesh asked for by WEFT_TOPOLOGY needs a link between every
-         * pair of hosts, as one asked for by the hostfile does. */
-        weft__hostfile_out view;
-        memset(&view, 0, sizeof view);
-        view.nhosts = cfg->nhosts;
-        view.hosts = cfg->hosts;
-        view.nlinks = cfg->nlinks;
-        view.links = cfg->links;
-        if ((rc = weft__hostfile_check_mesh(&view, cfg->hostfile, errmsg,
-                                            errlen)) != 0)
-            return rc;
-    }
+    /* A mesh asked for by WEFT_TOPOLOGY needs a link between every pair
+     * of hosts, as one asked for by the hostfile does. */
+    memset(&view, 0, sizeof view);
+    view.nranks = cfg->nranks;
+    view.nhosts = cfg->nhosts;
+    view.hosts = cfg->hosts;
+    view.nlinks = cfg->nlinks;
+    view.links = cfg->links;
+    if (strcmp(cfg->topology, "mesh") == 0 &&
+        (rc = weft__hostfile_check_mesh(&view, cfg->hostfile, errmsg,
+                                        errlen)) != 0)
+        return rc;
+    cfg->mesh = weft__hostfile_mesh(&view, cfg->topology, NULL, 0);
     return WEFT_OK;
 }
 

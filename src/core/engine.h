@@ -48,6 +48,8 @@ typedef struct {
 /* Two for a ring (one per direction); more for direct exchanges, one per
  * peer. */
 #define WEFT__MAX_LANES 16
+_Static_assert(WEFT__MAX_LANES >= WEFT__MESH_MAX_RANKS - 1,
+               "a mesh needs one lane per peer");
 
 typedef struct {
     int kind;

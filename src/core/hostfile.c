@@ -956,7 +956,15 @@ int weft__hostfile_check_mesh(const weft__hostfile_out *h, const char *file,
     adj_t a;
     int i, j, missing;
 
-    if (h == NULL || h->nhosts < 2)
+    if (h == NULL)
+        return WEFT_OK;
+    if (h->nranks > WEFT__MESH_MAX_RANKS)
+        return fail(&c,
+                    "topology \"mesh\" runs at most %d ranks (one "
+                    "exchange lane per peer), but the job has %d: use "
+                    "\"ring\" or \"auto\"",
+                    WEFT__MESH_MAX_RANKS, h->nranks);
+    if (h->nhosts < 2)
         return WEFT_OK;
     if (adj_make(h, &a) != 0)
         return nomem(&c);
@@ -969,6 +977,53 @@ int weft__hostfile_check_mesh(const weft__hostfile_out *h, const char *file,
                     "hosts[%d]) share none",
                     h->hosts[i].name, h->hosts[j].name, i, j);
     return WEFT_OK;
+}
+
+int weft__hostfile_mesh(const weft__hostfile_out *h, const char *asked,
+                        char *why, size_t whylen)
+{
+    const char *topo = asked != NULL && asked[0] ? asked
+                       : h->topology[0]          ? h->topology
+                                                 : "auto";
+    char dummy[8];
+    adj_t a;
+    int i = 0, j = 0, missing;
+
+    if (why == NULL) {
+        why = dummy;
+        whylen = sizeof dummy;
+    }
+    if (strcmp(topo, "auto") != 0) {
+        snprintf(why, whylen, "asked for");
+        return strcmp(topo, "mesh") == 0;
+    }
+    if (h->nhosts < 2) {
+        snprintf(why, whylen,
+                 "auto: one host, whose ranks share its loopback; small "
+                 "operations still exchange directly");
+        return 0;
+    }
+    if (adj_make(h, &a) != 0) {
+        snprintf(why, whylen, "auto: out of memory checking the links");
+        return 0;
+    }
+    missing = mesh_missing(h, &a, &i, &j);
+    free(a.bits);
+    if (missing) {
+        snprintf(why, whylen, "auto: \"%s\" and \"%s\" share no link",
+                 h->hosts[i].name, h->hosts[j].name);
+        return 0;
+    }
+    if (h->nranks > WEFT__MESH_MAX_RANKS) {
+        snprintf(why, whylen,
+                 "auto: every pair of hosts shares a link, but a mesh runs "
+                 "at most %d ranks, not %d",
+                 WEFT__MESH_MAX_RANKS, h->nranks);
+        return 0;
+    }
+    snprintf(why, whylen, "auto: every pair of the %d hosts shares a link",
+             h->nhosts);
+    return 1;
 }
 
 typedef struct {
@@ -1023,21 +1078,14 @@ static int form_ring(hf_ctx *c, weft__hostfile_out *h)
         return nomem(c);
     for (int i = 0; i < n; i++)
         h->host_order[i] = i;
+    if (strcmp(h->topology, "mesh") == 0 &&
+        (rc = weft__hostfile_check_mesh(h, c->file, c->errmsg, c->errlen)) !=
+            0)
+        return rc;
     if (n == 1)
         return WEFT_OK;
     if (adj_make(h, &a) != 0)
         return nomem(c);
-    if (strcmp(h->topology, "mesh") == 0) {
-        int i, j;
-        if (mesh_missing(h, &a, &i, &j)) {
-            rc = fail(c,
-                      "topology \"mesh\" needs a link between every pair "
-                      "of hosts, but \"%s\" and \"%s\" (hosts[%d] and "
-                      "hosts[%d]) share none",
-                      h->hosts[i].name, h->hosts[j].name, i, j);
-            goto out;
-        }
-    }
     if (n == 2) {
         if (!adj_get(&a, 0, 1))
             rc = fail(c,
@@ -1276,7 +1324,8 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
                                           "mpirun text"};
     const char *topo = h != NULL && h->topology[0] ? h->topology : "auto";
     adj_t a = {0, NULL};
-    int mi = -1, mj = -1, full;
+    int mi = -1, mj = -1, full, mesh;
+    char why[160];
 
     if (h == NULL || out == NULL || wires < 1 || h->nhosts < 1 ||
         h->host_order == NULL)
@@ -1295,16 +1344,29 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
             h->transport[0] ? h->transport : "tcp", topo,
             h->topology[0] ? "" : " (default)");
 
+    mesh = weft__hostfile_mesh(h, NULL, why, sizeof why);
+    fprintf(out, "topology in effect: %s (%s)\n", mesh ? "mesh" : "ring",
+            why);
     if (h->nhosts == 1) {
         fprintf(out, "ring: one host, \"%s\"; its ranks talk over loopback\n",
                 h->hosts[0].name);
     } else {
-        if (strcmp(topo, "mesh") == 0)
+        if (mesh)
             fprintf(out,
                     "mesh: every pair of the %d hosts shares a link; "
-                    "ranks exchange directly, and ring operations "
-                    "follow:\n",
+                    "ranks exchange directly with every peer, and number "
+                    "along this ring:\n",
                     h->nhosts);
+        else if (full && strcmp(topo, "ring") != 0 &&
+                 h->nranks <= WEFT__MESH_MAX_RANKS)
+            fprintf(out, "a full mesh: small operations exchange directly, "
+                         "large ones go around the ring:\n");
+        else if (!full)
+            fprintf(out,
+                    "not a full mesh (\"%s\" and \"%s\" share no "
+                    "link): ranks on hosts without a link reach each "
+                    "other through the ring:\n",
+                    h->hosts[mi].name, h->hosts[mj].name);
         fprintf(out, "ring%s:\n  ",
                 h->ring_reordered
                     ? " (reordered: the hosts, in the order listed, do not "
@@ -1317,17 +1379,6 @@ int weft__hostfile_describe(const weft__hostfile_out *h, int wires, FILE *out)
             fprintf(out, "] -> ");
         }
         fprintf(out, "%s\n", h->hosts[h->host_order[0]].name);
-        if (strcmp(topo, "auto") == 0) {
-            if (full)
-                fprintf(out, "mesh: every pair of hosts shares a link, so "
-                             "ranks may also exchange directly\n");
-            else
-                fprintf(out,
-                        "not a full mesh (\"%s\" and \"%s\" share no "
-                        "link): ranks on hosts without a link reach each "
-                        "other through the ring\n",
-                        h->hosts[mi].name, h->hosts[mj].name);
-        }
     }
 
     fprintf(out, "hosts:\n");

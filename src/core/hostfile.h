@@ -76,11 +76,21 @@ int weft__hostfile_load_text(const char *name, const char *text,
 void weft__hostfile_free(weft__hostfile_out *h);
 
 /* For a topology chosen elsewhere (WEFT_TOPOLOGY, weftrun --topology):
- * WEFT_OK where every pair of hosts shares a link, else WEFT_ECONFIG with
- * a message naming the first pair that does not (prefixed with file, which
- * may be NULL). */
+ * WEFT_OK where every pair of hosts shares a link and the job has at most
+ * WEFT__MESH_MAX_RANKS ranks, else WEFT_ECONFIG with a message naming the
+ * first pair that does not (prefixed with file, which may be NULL). */
 int weft__hostfile_check_mesh(const weft__hostfile_out *h, const char *file,
                               char *errmsg, size_t errlen);
+
+/* The topology a job from *h runs with, for the topology asked ("ring",
+ * "mesh" or "auto"; NULL or "" for the file's own, else "auto"): 1 for the
+ * mesh, 0 for the ring. "auto" is the mesh where there are at least two
+ * hosts, every pair of hosts shares a link and the job has at most
+ * WEFT__MESH_MAX_RANKS ranks; on one host the ring (loopback offers no
+ * links to gain, and the ring overlaps reductions with transfers). why
+ * (may be NULL) gets the reason in words. */
+int weft__hostfile_mesh(const weft__hostfile_out *h, const char *asked,
+                        char *why, size_t whylen);
 
 /* Prints, for weftrun --check, what a job from *h would form: the ring
  * (or mesh) through the hosts, each host with its ranks and ports, each

@@ -16,6 +16,8 @@
 #define WEFT__TOKEN_BYTES 16
 #define WEFT__MAX_WIRES 64       /* wires to one peer, all links together */
 #define WEFT__MAX_RANKS 4096
+/* Most ranks a mesh job may have: one engine lane per peer. */
+#define WEFT__MESH_MAX_RANKS 17
 #define WEFT__DEFAULT_PORT 32323
 #define WEFT__DEFAULT_TIMEOUT_MS 300000
 #define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
@@ -70,7 +72,8 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t bidir_min_bytes;
     char transport[16]; /* "tcp" or "ibverbs" */
-    char topology[16];  /* "ring", "mesh" or "auto" */
+    char topology[16];  /* "ring", "mesh" or "auto", as asked */
+    int mesh;           /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];
     char hostfile[1024];
     int nhosts;

@@ -44,3 +44,11 @@ size_t weft__plan_prefill(size_t region_len, size_t frame, size_t depth)
     size_t frames = weft__plan_frames(region_len, frame);
     return frames < depth ? frames : depth;
 }
+
+weft__region weft__plan_chunk(size_t m, int n, int i)
+{
+    size_t base = m / (size_t)n, rem = m % (size_t)n, ui = (size_t)i;
+    weft__region r = {ui * base + (ui < rem ? ui : rem),
+                      base + (ui < rem ? 1 : 0)};
+    return r;
+}

@@ -43,4 +43,9 @@ size_t weft__plan_frame_len(size_t len, size_t frame, size_t f);
  * min(depth, frames of that wire's own region). */
 size_t weft__plan_prefill(size_t region_len, size_t frame, size_t depth);
 
+/* How a collective cuts m elements into n chunks (units are elements here,
+ * not bytes): chunk i holds m/n elements, one more for the first m%n, so
+ * every rank computes the same cut. */
+weft__region weft__plan_chunk(size_t m, int n, int i);
+
 #endif

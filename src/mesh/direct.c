@@ -3,6 +3,7 @@
 
 #include "core/engine.h"
 #include "core/kernels.h"
+#include "mesh/mesh.h"
 #include "transport/transport.h"
 
 #include <string.h>
@@ -39,14 +40,14 @@ int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
     if ((!relay_dst && !relay_src) ||
         (op.nlanes > 0 && op.lanes[0].steps == NULL))
         return weft__op_run(c, &op);
-    return weft__engine_relay(c, name, sendbuf, relay_dst ? dst : -1,
-                              recvbuf, relay_src ? src : -1, count * op.esize,
+    return weft__engine_relay(c, name, sendbuf, relay_dst ? dst : -1, recvbuf,
+                              relay_src ? src : -1, count * op.esize,
                               op.nlanes > 0 ? &op : NULL);
 }
 
 int weft__direct_ok(const struct weft_comm *c)
 {
-    if (c->nranks - 1 > WEFT__MAX_LANES ||
+    if (c->nranks > WEFT__MESH_MAX_RANKS ||
         strcmp(c->cfg.topology, "ring") == 0)
         return 0;
     for (int p = 0; p < c->nranks; p++)
@@ -55,33 +56,9 @@ int weft__direct_ok(const struct weft_comm *c)
     return 1;
 }
 
-/* Sends this rank's bytes to every peer and gathers every peer's bytes
- * into all (rank p's at p * bytes), in one step. */
-static int exchange(struct weft_comm *c, int kind, const char *name,
-                    char *all, size_t bytes, weft_dtype dt, weft_redop redop)
+int weft__mesh_ok(const struct weft_comm *c)
 {
-    weft__op op;
-    int l = 0;
-
-    weft__op_init(&op, kind, name, dt, redop);
-    op.nlanes = c->nranks - 1;
-    for (int p = 0; p < c->nranks; p++) {
-        weft__step *st;
-
-        if (p == c->rank)
-            continue;
-        st = weft__op_steps(&op, l, 1);
-        op.lanes[l].send_peer = p;
-        op.lanes[l].recv_peer = p;
-        if (st != NULL) {
-            st[0].send_buf = all + (size_t)c->rank * bytes;
-            st[0].send_len = bytes;
-            st[0].recv_dst = all + (size_t)p * bytes;
-            st[0].recv_len = bytes;
-        }
-        l++;
-    }
-    return weft__op_run(c, &op);
+    return c->cfg.mesh && weft__direct_ok(c);
 }
 
 /* Recursive doubling for a power-of-two job: in round k each rank swaps
@@ -140,8 +117,8 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
 
     if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
         return rc;
-    memcpy(all + (size_t)c->rank * bytes, sendbuf, bytes);
-    rc = exchange(c, WEFT__OP_ALL_REDUCE, "all_reduce", all, bytes, dt, redop);
+    rc = weft__mesh_all_gather(c, sendbuf, all, count, dt, WEFT__OP_ALL_REDUCE,
+                               "all_reduce");
     if (rc != 0)
         return rc;
     weft__reduce_ranks(recvbuf, all, c->nranks, count, dt, redop);
@@ -156,6 +133,6 @@ int weft__direct_barrier(struct weft_comm *c)
     if ((rc = weft__scratch(c, (size_t)c->nranks, (void **)&flags)) != 0)
         return rc;
     flags[c->rank] = 1;
-    return exchange(c, WEFT__OP_BARRIER, "barrier", flags, 1, WEFT_UINT8,
-                    WEFT_SUM);
+    return weft__mesh_all_gather(c, flags + c->rank, flags, 1, WEFT_UINT8,
+                                 WEFT__OP_BARRIER, "barrier");
 }

@@ -15,9 +15,15 @@
 int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
                    int dst, void *recvbuf, int src, size_t count, weft_dtype dt);
 
-/* 1 when every pair of ranks has direct wires, the job is small enough for
- * one lane per peer, and the topology allows it (not "ring"). */
+/* 1 when small operations may exchange directly: every pair of ranks has
+ * direct wires, the job is small enough for one lane per peer (at most
+ * WEFT__MESH_MAX_RANKS ranks), and the topology is not "ring". */
 int weft__direct_ok(const struct weft_comm *c);
+
+/* 1 when the topology in effect is the mesh (weft__hostfile_mesh) and
+ * weft__direct_ok holds: then large operations use the mesh algorithms
+ * too, else the ring ones. */
+int weft__mesh_ok(const struct weft_comm *c);
 
 /* Small all_reduce: recursive doubling when the job size is a power of
  * two, else one exchange of every rank's input with every peer and a local

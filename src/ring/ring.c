@@ -7,30 +7,16 @@
  * reverse direction is the forward algorithm on "virtual" ranks
  * v = (n - rank) % n, whose right neighbour is the real left one.
  *
- * Chunks are whole elements: chunk i of m elements cut into n has
- * m/n elements plus one for the first m%n chunks.
+ * Chunks are whole elements, cut by weft__plan_chunk.
  */
 #include "ring/ring.h"
 
 #include "core/engine.h"
 #include "core/kernels.h"
+#include "core/plan.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-
-
-typedef struct {
-    size_t off; /* elements */
-    size_t len; /* elements */
-} span;
-
-static span chunk(size_t m, int n, int i)
-{
-    size_t base = m / (size_t)n, rem = m % (size_t)n, ui = (size_t)i;
-    span s = {ui * base + (ui < rem ? ui : rem), base + (ui < rem ? 1 : 0)};
-    return s;
-}
 
 static int mod(int a, int n)
 {
@@ -72,8 +58,8 @@ static int all_reduce_small(struct weft_comm *c, const void *sendbuf,
 
     if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
         return rc;
-    rc = weft__ring_all_gather(c, sendbuf, all, count, dt,
-                               WEFT__OP_ALL_REDUCE, "all_reduce");
+    rc = weft__ring_all_gather(c, sendbuf, all, count, dt, WEFT__OP_ALL_REDUCE,
+                               "all_reduce");
     if (rc != 0)
         return rc;
     weft__reduce_ranks(recvbuf, all, c->nranks, count, dt, redop);
@@ -97,7 +83,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d reduces elements [lane_off, lane_off + m). */
-        size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
+        size_t m = op.nlanes == 1 ? count : weft__plan_chunk(count, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
         weft__step *st = weft__op_steps(&op, d, 2 * n - 2);
 
@@ -108,9 +94,12 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
             int rs = k < n - 1, j = k - (n - 1);
             /* Reduce-scatter: send chunk v-k, receive v-k-1 and reduce it.
              * All-gather: send chunk v+1-j, receive chunk v-j as is. */
-            span sc = chunk(m, n, mod(rs ? v - k : v + 1 - j, n));
-            span rcv = chunk(m, n, mod(rs ? v - k - 1 : v - j, n));
-            size_t so = (lane_off + sc.off) * es, ro = (lane_off + rcv.off) * es;
+            weft__region sc =
+                weft__plan_chunk(m, n, mod(rs ? v - k : v + 1 - j, n));
+            weft__region rcv =
+                weft__plan_chunk(m, n, mod(rs ? v - k - 1 : v - j, n));
+            size_t so = (lane_off + sc.off) * es,
+                   ro = (lane_off + rcv.off) * es;
 
             st[k].send_buf = (k == 0 ? sb : rb) + so;
             st[k].send_len = sc.len * es;
@@ -125,8 +114,8 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
 }
 
 int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
-                          void *recvbuf, size_t count, weft_dtype dt,
-                          int kind, const char *name)
+                          void *recvbuf, size_t count, weft_dtype dt, int kind,
+                          const char *name)
 {
     const int n = c->nranks;
     const size_t es = weft_dtype_size(dt), bytes = count * es;
@@ -142,7 +131,7 @@ int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d moves elements [lane_off, lane_off + m) of every block. */
-        size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
+        size_t m = op.nlanes == 1 ? count : weft__plan_chunk(count, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
         weft__step *st = weft__op_steps(&op, d, n - 1);
 
@@ -189,7 +178,8 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
     weft__op_init(&op, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dt, redop);
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
-        size_t m = op.nlanes == 1 ? recvcount : chunk(recvcount, 2, d).len;
+        size_t m =
+            op.nlanes == 1 ? recvcount : weft__plan_chunk(recvcount, 2, d).len;
         int v = d == 0 ? c->rank : mod(n - c->rank, n);
         weft__step *st = weft__op_steps(&op, d, n - 1);
 
@@ -236,7 +226,7 @@ int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
     weft__op_init(&op, WEFT__OP_BROADCAST, "broadcast", dt, WEFT_SUM);
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
-        size_t m = op.nlanes == 1 ? count : chunk(count, 2, d).len;
+        size_t m = op.nlanes == 1 ? count : weft__plan_chunk(count, 2, d).len;
         int pos = d == 0 ? mod(c->rank - root, n) : mod(root - c->rank, n);
         weft__step *st = weft__op_steps(&op, d, 1);
         weft__lane *ln = &op.lanes[d];

@@ -1,8 +1,9 @@
 #!/bin/sh
-# make check: the multi-host ring test over network namespaces, for 2, 3 and
-# 4 hosts with 1 to 3 links per neighbouring pair (and 2 wires on 2 links),
-# plus a full mesh of 3 hosts, and the fault cases on 3 hosts. Exit 77 (SKIP, with the reason) where network
-# namespaces cannot be made.
+# make check: the multi-host test over network namespaces, for rings of 2,
+# 3 and 4 hosts with 1 to 3 links per neighbouring pair (and 2 wires on 2
+# links), full meshes of 3 and 4 hosts, and the fault cases around a ring
+# and in a mesh. Exit 77 (SKIP, with the reason) where network namespaces
+# cannot be made.
 ringtest="${srcdir:-.}/tests/multihost/ring-test"
 fail=0
 for h in 2 3 4; do
@@ -15,8 +16,15 @@ for h in 2 3 4; do
         [ $st = 0 ] || fail=1
     done
 done
-"$ringtest" -H 3 -L 1 --mesh || fail=1
+# 2 and 3 hosts in a ring are full meshes too, so the loop above ran them
+# as meshes (topology auto); here the ring algorithms on them, and full
+# meshes of 3 and 4 hosts.
+"$ringtest" -H 3 -L 2 -W 2 -T ring || fail=1
+"$ringtest" -H 3 -L 1 --mesh -T mesh || fail=1
+"$ringtest" -H 4 -L 1 --mesh || fail=1
+"$ringtest" -H 4 -L 2 -W 2 --mesh || fail=1
 # The fault cases: a cut link, a killed rank, a stopped rank, foreign
-# connections.
+# connections; around a ring of 4 hosts and in a mesh of 3.
+"$ringtest" -H 4 -L 2 -W 2 --mode faults || fail=1
 "$ringtest" -H 3 -L 2 -W 2 --mode faults || fail=1
 exit $fail

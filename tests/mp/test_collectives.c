@@ -3,9 +3,9 @@
  * 2..4 ranks, 1..3 wires, in place and out of place, checked against a
  * reference that each rank computes itself.
  *
- * One multi-process job per (ranks, wires) pair loops over all the cases
- * inside the ranks, so the cost of starting ranks is paid 9 times, not once
- * per case.
+ * One multi-process job per (topology, ranks, wires) loops over all the
+ * cases inside the ranks, so the cost of starting ranks is paid 18 times,
+ * not once per case.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -369,16 +369,18 @@ static int coll_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
-static void run_job(int nranks, int wires)
+static void run_job(int nranks, int wires, const char *topology)
 {
     /* Keep an outer setting; otherwise small frames keep the test fast. */
     setenv("WEFT_FRAME_BYTES", "65536", 0);
     /* Low thresholds, so that these modest counts run every path: several
      * wires per step, both ring directions, and all_reduce both through the
-     * small (gather) path and reduce-scatter + all-gather. */
+     * small (gather) path and the large one (reduce-scatter + all-gather,
+     * around the ring or direct in the mesh). */
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
     setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    setenv("WEFT_TOPOLOGY", topology, 1);
     struct mp_opts o = {
         .nranks = nranks,
         .wires = wires,
@@ -389,14 +391,21 @@ static void run_job(int nranks, int wires)
     char buf[1024];
     cr_assert_eq(mp_run(&o, coll_rank, NULL, &res), 0,
                  "could not set up the job");
-    cr_assert(mp_all_passed(&res), "%d ranks, %d wires: %s", nranks, wires,
-              mp_describe(&res, buf, sizeof buf));
+    cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires: %s", topology,
+              nranks, wires, mp_describe(&res, buf, sizeof buf));
 }
 
+/* Every case under both topologies: on one host every pair of ranks is
+ * joined, so "mesh" runs the direct and mesh algorithms and "ring" the
+ * ring ones. */
 #define COLL_TEST(n, w)                                                        \
-    Test(collectives, ranks##n##_wires##w, .timeout = 120)                     \
+    Test(collectives, ring_ranks##n##_wires##w, .timeout = 120)                \
     {                                                                          \
-        run_job(n, w);                                                         \
+        run_job(n, w, "ring");                                                 \
+    }                                                                          \
+    Test(collectives, mesh_ranks##n##_wires##w, .timeout = 120)                \
+    {                                                                          \
+        run_job(n, w, "mesh");                                                 \
     }
 
 COLL_TEST(2, 1)

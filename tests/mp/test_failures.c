@@ -285,6 +285,29 @@ Test(failures, peer_killed, .timeout = 120)
     assert_job_passed(&res, "rank 2 SIGKILLed");
 }
 
+/* The mesh's large all_reduce waits on every peer at once; the same
+ * losses must end it the same way. (Criterion runs each test in a process
+ * of its own, so the settings stay with the test.) */
+static struct mp_opts mesh_fail_opts(int nranks)
+{
+    setenv("WEFT_TOPOLOGY", "mesh", 1);
+    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "1024", 1);
+    return fail_opts(nranks);
+}
+
+Test(failures, mesh_peer_killed, .timeout = 120)
+{
+    int mode = LOSS_KILL;
+    static const struct mp_action kill2 = {.rank = 2, .point = 1,
+                                           .kind = MP_ACT_SIGKILL};
+    struct mp_opts o = mesh_fail_opts(3);
+    o.actions = &kill2;
+    o.nactions = 1;
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, peer_loss_rank, &mode, &res), 0);
+    assert_job_passed(&res, "mesh, rank 2 SIGKILLed");
+}
+
 /* ---- (b) a stopped peer, then a fresh 2-rank communicator ---- */
 
 static int stopped_peer_rank(int rank, int nranks, void *arg)
@@ -337,6 +360,23 @@ static int stopped_peer_rank(int rank, int nranks, void *arg)
 Test(failures, stopped_peer_then_reinit, .timeout = 120)
 {
     struct mp_opts o = fail_opts(3);
+    o.hostfile_b_ranks = 2;
+    o.linger_mask = 1u << 2;
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, stopped_peer_rank, NULL, &res), 0);
+    assert_job_passed(&res, "rank 2 stopped");
+    cr_assert(res.rank[2].lingered,
+              "rank 2 was not still stopped when the survivors ended");
+    cr_assert(shm()->rc[0] == WEFT_ETIMEDOUT || shm()->rc[1] == WEFT_ETIMEDOUT,
+              "no survivor saw WEFT_ETIMEDOUT (rank 0: %s after %.0f ms, "
+              "rank 1: %s after %.0f ms)",
+              weft_err_name(shm()->rc[0]), shm()->ms[0],
+              weft_err_name(shm()->rc[1]), shm()->ms[1]);
+}
+
+Test(failures, mesh_stopped_peer_then_reinit, .timeout = 120)
+{
+    struct mp_opts o = mesh_fail_opts(3);
     o.hostfile_b_ranks = 2;
     o.linger_mask = 1u << 2;
     struct mp_result res;

@@ -743,3 +743,73 @@ Test(describe, reordered_and_mesh)
     free(buf);
     weft__hostfile_free(&h);
 }
+
+/* Which topology a job runs with: "auto" is the mesh only where at least
+ * two hosts are all joined pairwise; an asked-for topology stands. */
+Test(topology, auto_and_asked)
+{
+    weft__hostfile_out h;
+    char why[256];
+
+    load_ok("good-mesh3.json", 6, &h); /* says "mesh" itself */
+    cr_assert_eq(weft__hostfile_mesh(&h, NULL, why, sizeof why), 1);
+    cr_assert_str_eq(why, "asked for");
+    cr_assert_eq(weft__hostfile_mesh(&h, "auto", why, sizeof why), 1);
+    cr_assert(strstr(why, "every pair of the 3 hosts") != NULL, "%s", why);
+    cr_assert_eq(weft__hostfile_mesh(&h, "ring", NULL, 0), 0);
+    weft__hostfile_free(&h);
+
+    load_ok("good-ring4x2.json", 4, &h);
+    cr_assert_eq(weft__hostfile_mesh(&h, "auto", why, sizeof why), 0);
+    cr_assert(strstr(why, "share no link") != NULL, "%s", why);
+    weft__hostfile_free(&h);
+
+    load_ok("good-single.json", 4, &h);
+    cr_assert_eq(weft__hostfile_mesh(&h, NULL, why, sizeof why), 0);
+    cr_assert(strstr(why, "one host") != NULL, "%s", why);
+    cr_assert_eq(weft__hostfile_mesh(&h, "mesh", NULL, 0), 1);
+    weft__hostfile_free(&h);
+}
+
+Test(topology, describe_says_which)
+{
+    weft__hostfile_out h;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f;
+
+    load_ok("good-single.json", 4, &h);
+    f = open_memstream(&buf, &len);
+    cr_assert_eq(weft__hostfile_describe(&h, 1, f), WEFT_OK);
+    fclose(f);
+    cr_assert(strstr(buf, "topology in effect: ring (auto: one host") != NULL,
+              "%s", buf);
+    free(buf);
+    weft__hostfile_free(&h);
+}
+
+/* A mesh has one engine lane per peer: more ranks than that is a clear
+ * configuration error, not a silent fallback. */
+Test(topology, mesh_rank_limit)
+{
+    weft__hostfile_out h;
+    char text[256], msg[512];
+    int n = WEFT__MESH_MAX_RANKS + 1;
+
+    snprintf(text, sizeof text,
+             "{\"topology\": \"mesh\", \"hosts\": [{\"name\": \"x\", "
+             "\"ranks\": %d}], \"links\": []}",
+             n);
+    cr_assert_eq(weft__hostfile_load_text("big.json", text, n, &h, msg,
+                                          sizeof msg),
+                 WEFT_ECONFIG);
+    cr_assert(strstr(msg, "at most 17 ranks") != NULL, "%s", msg);
+    snprintf(text, sizeof text,
+             "{\"hosts\": [{\"name\": \"x\", \"ranks\": %d}], \"links\": []}",
+             n);
+    cr_assert_eq(weft__hostfile_load_text("big.json", text, n, &h, msg,
+                                          sizeof msg),
+                 WEFT_OK, "%s", msg);
+    cr_assert_eq(weft__hostfile_mesh(&h, "auto", NULL, 0), 0);
+    weft__hostfile_free(&h);
+}
