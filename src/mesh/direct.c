@@ -65,7 +65,9 @@ int weft__mesh_ok(const struct weft_comm *c)
  * its partial result with rank ^ 2^k, and both compute lower OP upper, the
  * same operands in the same order, so every rank ends with the same bits.
  * log2(n) dependent exchanges of one message each, against one exchange of
- * n-1 messages: measured faster when ranks share cores. */
+ * n-1 messages: measured faster when ranks share one host's cores, so it is
+ * used there (the ring topology with every pair joined); across the hosts
+ * of a mesh, one exchange costs one network latency instead of log2(n). */
 static int all_reduce_doubling(struct weft_comm *c, const void *sendbuf,
                                void *recvbuf, size_t count, weft_dtype dt,
                                weft_redop redop)
@@ -112,7 +114,7 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
     char *all;
     int rc;
 
-    if ((c->nranks & (c->nranks - 1)) == 0)
+    if (!c->cfg.mesh && (c->nranks & (c->nranks - 1)) == 0)
         return all_reduce_doubling(c, sendbuf, recvbuf, count, dt, redop);
 
     if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)

@@ -25,10 +25,10 @@ int weft__direct_ok(const struct weft_comm *c);
  * too, else the ring ones. */
 int weft__mesh_ok(const struct weft_comm *c);
 
-/* Small all_reduce: recursive doubling when the job size is a power of
- * two, else one exchange of every rank's input with every peer and a local
- * reduction in rank order 0..n-1. Both give bitwise identical results on
- * every rank. */
+/* Small all_reduce: one exchange of every rank's input with every peer and
+ * a local reduction in rank order 0..n-1; where the mesh is not in effect
+ * (one host's ranks, say) and the job size is a power of two, recursive
+ * doubling instead. Both give bitwise identical results on every rank. */
 int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
                             void *recvbuf, size_t count, weft_dtype dt,
                             weft_redop redop);

@@ -4,7 +4,7 @@
  * reference that each rank computes itself.
  *
  * One multi-process job per (topology, ranks, wires) loops over all the
- * cases inside the ranks, so the cost of starting ranks is paid 18 times,
+ * cases inside the ranks, so the cost of starting ranks is paid 27 times,
  * not once per case.
  */
 #define _GNU_SOURCE
@@ -395,9 +395,10 @@ static void run_job(int nranks, int wires, const char *topology)
               nranks, wires, mp_describe(&res, buf, sizeof buf));
 }
 
-/* Every case under both topologies: on one host every pair of ranks is
- * joined, so "mesh" runs the direct and mesh algorithms and "ring" the
- * ring ones. */
+/* Every case under each topology: on one host every pair of ranks is
+ * joined, so "mesh" runs the direct and mesh algorithms, "ring" the ring
+ * ones, and "auto" the ring ones for large operations and the direct ones
+ * (recursive doubling for 2 and 4 ranks) for small ones. */
 #define COLL_TEST(n, w)                                                        \
     Test(collectives, ring_ranks##n##_wires##w, .timeout = 120)                \
     {                                                                          \
@@ -406,6 +407,10 @@ static void run_job(int nranks, int wires, const char *topology)
     Test(collectives, mesh_ranks##n##_wires##w, .timeout = 120)                \
     {                                                                          \
         run_job(n, w, "mesh");                                                 \
+    }                                                                          \
+    Test(collectives, auto_ranks##n##_wires##w, .timeout = 120)                \
+    {                                                                          \
+        run_job(n, w, "auto");                                                 \
     }
 
 COLL_TEST(2, 1)
