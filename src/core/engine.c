@@ -467,20 +467,7 @@ void weft__engine_free(struct weft_comm *c)
     c->eng = NULL;
 }
 
-static int engine_run_guarded(struct weft_comm *c, const weft__op *op);
-
 int weft__engine_run(struct weft_comm *c, const weft__op *op)
-{
-    weft__sigpipe_state sp;
-    int rc;
-
-    weft__sigpipe_block(&sp);
-    rc = engine_run_guarded(c, op);
-    weft__sigpipe_restore(&sp);
-    return rc;
-}
-
-static int engine_run_guarded(struct weft_comm *c, const weft__op *op)
 {
     run r;
     uint64_t deadline;
@@ -627,7 +614,6 @@ int weft__engine_relay(struct weft_comm *c, const char *name,
                        size_t nbytes, weft__op *direct)
 {
     relay_xfer sx, rx;
-    weft__sigpipe_state sp;
     uint64_t deadline;
     int rc = WEFT_OK;
 
@@ -643,7 +629,6 @@ int weft__engine_relay(struct weft_comm *c, const char *name,
         rc = WEFT_ENOTSUP;
         goto free_op;
     }
-    weft__sigpipe_block(&sp);
     sx.x.done = rx.x.done = relay_done;
     sx.x.buf = (char *)sendbuf;
     sx.x.len = nbytes;
@@ -656,7 +641,7 @@ int weft__engine_relay(struct weft_comm *c, const char *name,
     /* The half that has wires of its own runs meanwhile; the transport
      * relays while it progresses. */
     if (rc == 0 && direct != NULL)
-        rc = engine_run_guarded(c, direct);
+        rc = weft__engine_run(c, direct);
     deadline = weft__now_ms() + (uint64_t)c->timeout_ms;
     {
         relay_wait w = {&rx, dst, src};
@@ -665,7 +650,6 @@ int weft__engine_relay(struct weft_comm *c, const char *name,
     }
     if (rc != 0)
         op_failed(c, rc);
-    weft__sigpipe_restore(&sp);
 free_op:
     if (direct != NULL)
         op_free_steps(direct);

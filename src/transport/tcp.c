@@ -21,10 +21,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <uv.h>
 
@@ -159,16 +161,76 @@ struct tcp_tp {
     weft__xfer *rrecv;
     int relay_ready; /* posted receives may match pending chunks */
     unsigned events; /* completions and wake-ups, for spinning */
+    int uv_writes;   /* libuv write requests whose callback has not run */
     uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };
 
 /* ---- loop helpers ---- */
 
-/* Callers hold the SIGPIPE guard (weft__sigpipe_block): libuv writes with
- * plain write(). */
+/* SIGPIPE. libuv writes with plain write(), which raises SIGPIPE when the
+ * peer has gone, and that would kill the process. The transport's own
+ * writes use send(MSG_NOSIGNAL); libuv writes only inside uv_write() and,
+ * for requests still queued, inside uv_run(). Those two run under the
+ * SIGPIPE guard (weft__sigpipe_block), uv_run only while a request is
+ * queued, so a small operation pays no signal-mask system calls. */
 static void tcp_run(tcp_tp *tp, uv_run_mode mode)
 {
+    weft__sigpipe_state sp;
+
+    if (tp->uv_writes == 0) {
+        uv_run(&tp->loop, mode);
+        return;
+    }
+    weft__sigpipe_block(&sp);
     uv_run(&tp->loop, mode);
+    weft__sigpipe_restore(&sp);
+}
+
+/* uv_write under the guard; every callback of such a request starts with
+ * write_done(). */
+static int tcp_write(tcp_tp *tp, uv_write_t *req, uv_stream_t *s,
+                     const uv_buf_t *bufs, unsigned int n, uv_write_cb cb)
+{
+    weft__sigpipe_state sp;
+    int rc;
+
+    weft__sigpipe_block(&sp);
+    rc = uv_write(req, s, bufs, n, cb);
+    weft__sigpipe_restore(&sp);
+    if (rc == 0)
+        tp->uv_writes++;
+    return rc;
+}
+
+static void write_done(tcp_tp *tp)
+{
+    tp->uv_writes--;
+}
+
+/* A plain send of what the socket takes now, with no signal: the bytes
+ * sent, 0 when it would block, or a negative libuv error. Only where
+ * libuv has nothing queued on the stream, or the order would break. */
+static ssize_t try_send(conn *k, const uv_buf_t *bufs, int n)
+{
+    struct msghdr m;
+    uv_os_fd_t fd;
+    ssize_t r;
+
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&k->h) != 0)
+        return 0;
+    if (uv_fileno((uv_handle_t *)&k->h, &fd) != 0)
+        return UV_EBADF;
+    memset(&m, 0, sizeof m);
+    /* uv_buf_t is laid out as struct iovec on Unix (libuv's own writes
+     * rely on it). */
+    m.msg_iov = (struct iovec *)(uintptr_t)bufs;
+    m.msg_iovlen = (size_t)n;
+    do
+        r = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r >= 0)
+        return r;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
 }
 
 static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
@@ -332,13 +394,15 @@ static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     if (x != NULL) {
         /* Small receives are posted: read those (a header and the small
          * frame after it, typically) in one go, but not into a large frame
-         * that follows, which is better read in place. */
+         * that follows, which is better read in place. With no large frame
+         * posted, the whole read-ahead is offered: a read that fills the
+         * buffer exactly makes libuv read again, for nothing. */
         size_t want = x->len - x->got;
         weft__xfer *y = x->tp_next;
         for (; y != NULL && y->len < RX_DIRECT_MIN; y = y->tp_next)
             want += y->len;
-        if (k->rx_hi - k->rx_lo < want && want - (k->rx_hi - k->rx_lo) <
-                                              buf->len)
+        if (y != NULL && k->rx_hi - k->rx_lo < want &&
+            want - (k->rx_hi - k->rx_lo) < buf->len)
             buf->len = want - (k->rx_hi - k->rx_lo);
     }
 }
@@ -404,6 +468,7 @@ static void data_write_cb(uv_write_t *req, int status)
     conn *k = req->handle->data;
     tcp_tp *tp = k->tp;
 
+    write_done(tp);
     if (tp->shut || status < 0) {
         w->next = tp->free_wreqs;
         tp->free_wreqs = w;
@@ -441,6 +506,7 @@ static void tcp_flush(tcp_tp *tp)
         uv_buf_t bufs[BATCH_MAX];
         weft__xfer *x = k->sq_head;
         wreq *r;
+        ssize_t sr;
         int n = 0, rc;
 
         tp->dirty = k->dirty_next;
@@ -474,11 +540,10 @@ static void tcp_flush(tcp_tp *tp)
         /* Try a plain writev first: when the socket takes the whole batch
          * (small frames usually), no write request is made, and libuv
          * touches no epoll registration. */
-        rc = uv_try_write((uv_stream_t *)&k->h, bufs, (unsigned int)n);
-        if (rc == UV_EAGAIN)
-            rc = 0;
-        if (rc >= 0) {
-            size_t sent = (size_t)rc;
+        sr = try_send(k, bufs, n);
+        rc = sr < 0 ? (int)sr : 0;
+        if (sr >= 0) {
+            size_t sent = (size_t)sr;
             int skip = 0;
             while (skip < n && sent >= bufs[skip].len) {
                 sent -= bufs[skip].len;
@@ -490,8 +555,8 @@ static void tcp_flush(tcp_tp *tp)
             }
             bufs[skip].base += sent;
             bufs[skip].len -= sent;
-            rc = uv_write(&r->req, (uv_stream_t *)&k->h, bufs + skip,
-                          (unsigned int)(n - skip), data_write_cb);
+            rc = tcp_write(tp, &r->req, (uv_stream_t *)&k->h, bufs + skip,
+                           (unsigned int)(n - skip), data_write_cb);
         }
         if (rc != 0) {
             r->next = tp->free_wreqs;
@@ -651,6 +716,7 @@ static void reply_write_cb(uv_write_t *req, int status)
     conn *k = req->data;
     tcp_tp *tp = k->tp;
 
+    write_done(tp);
     if (k->closing || tp->shut)
         return;
     if (status < 0) {
@@ -702,7 +768,8 @@ static void hello_done(conn *k)
     put32(k->out + 4, (uint32_t)tp->rank);
     b = uv_buf_init((char *)k->out, REPLY_BYTES);
     k->hreq.data = k;
-    if (uv_write(&k->hreq, (uv_stream_t *)&k->h, &b, 1, reply_write_cb) != 0)
+    if (tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                  reply_write_cb) != 0)
         tcp_fail(tp, WEFT_EPEER, "rank %d: cannot answer peer %u wire %d",
                  tp->rank, from, k->wire);
 }
@@ -786,6 +853,8 @@ static void on_connection(uv_stream_t *server, int status)
 static void hello_write_cb(uv_write_t *req, int status)
 {
     conn *k = req->data;
+
+    write_done(k->tp);
     if (status < 0 && !k->closing && !k->tp->shut)
         tcp_fail(k->tp, WEFT_EPEER,
                  "rank %d: hello to peer %d wire %d (%s) failed: %s",
@@ -815,7 +884,8 @@ static void connect_cb(uv_connect_t *req, int status)
     b = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
     k->state = CONN_REPLY_WAIT;
-    if (uv_write(&k->hreq, (uv_stream_t *)&k->h, &b, 1, hello_write_cb) != 0 ||
+    if (tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                  hello_write_cb) != 0 ||
         uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0) {
         s->connecting = 0;
         s->next_try_ms = weft__now_ms() + RETRY_MS;
@@ -912,6 +982,7 @@ static void relay_write_cb(uv_write_t *req, int status)
     tcp_tp *tp = k->tp;
     weft__xfer *x = w->x;
 
+    write_done(tp);
     free(w->owned);
     free(w);
     if (tp->shut)
@@ -964,7 +1035,7 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
     w->x = x;
     b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
     b[1] = uv_buf_init((char *)data, len);
-    rc = uv_write(&w->req, (uv_stream_t *)&k->h, b, 2, relay_write_cb);
+    rc = tcp_write(tp, &w->req, (uv_stream_t *)&k->h, b, 2, relay_write_cb);
     if (rc != 0) {
         free(w->owned);
         free(w);
@@ -1552,7 +1623,7 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
     if (tp->spin_ns > 0) {
         uint64_t t0 = now_ns();
         do {
-            uv_run(&tp->loop, UV_RUN_NOWAIT);
+            tcp_run(tp, UV_RUN_NOWAIT);
             if (tp->err != 0)
                 return tp->err;
             if (tp->events != ev)

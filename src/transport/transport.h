@@ -13,6 +13,8 @@
  *   shutdown() returns, after which no frame references any buffer.
  * - Errors (a peer that closes, a failed completion) are recorded on the
  *   communicator with weft__set_error() and returned by progress().
+ * - No call raises SIGPIPE or any other signal in the process (a peer
+ *   that vanished is an error like any other).
  */
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
