@@ -394,8 +394,22 @@ static void make_token(char out[33])
 void *mp_shm(void)
 {
     if (g_shm == NULL) {
+        /* Ranks that are not this process's children (started by weftrun)
+         * share a file instead: MP_SHM_FILE, zeroed by whoever made it. */
+        const char *file = getenv("MP_SHM_FILE");
+        int fd = -1;
+        if (file != NULL && *file != '\0') {
+            fd = open(file, O_RDWR | O_CREAT, 0600);
+            if (fd < 0 || ftruncate(fd, MP_SHM_BYTES) != 0) {
+                mp_log("%s: %s", file, strerror(errno));
+                abort();
+            }
+        }
         void *p = mmap(NULL, MP_SHM_BYTES, PROT_READ | PROT_WRITE,
-                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+                       fd >= 0 ? MAP_SHARED : MAP_SHARED | MAP_ANONYMOUS, fd,
+                       0);
+        if (fd >= 0)
+            close(fd);
         if (p == MAP_FAILED) {
             mp_log("mmap: %s", strerror(errno));
             abort();
@@ -779,10 +793,11 @@ const char *mp_describe(const struct mp_result *res, char *buf, size_t len)
     return buf;
 }
 
+#ifndef MP_NO_MAIN
 /* Criterion's own main, but with --jobs 1 unless the command line says
  * otherwise: several multi-rank jobs at once would share
  * two cores (deadline windows are part of the tests) and could take each
- * other's free ports. */
+ * other's free ports. (collprog, a plain program, has its own main.) */
 int main(int argc, char *argv[])
 {
     struct criterion_test_set *tests = criterion_initialize();
@@ -793,3 +808,4 @@ int main(int argc, char *argv[])
     criterion_finalize(tests);
     return result;
 }
+#endif
