@@ -801,3 +801,54 @@ Test(weftrun, closed_stdout_stops_the_job, .timeout = 30)
     }
     run_fini(&r);
 }
+
+/* --check says which topology a job would run with, --topology included,
+ * and refuses a mesh over a hostfile that is not one. */
+Test(weftrun, check_says_the_topology, .timeout = 30)
+{
+    const char *fx = getenv("WEFT_FIXTURES");
+    char mesh3[1024], ring4[1024];
+    struct run r;
+
+    cr_assert_not_null(fx, "set WEFT_FIXTURES (make check does)");
+    snprintf(mesh3, sizeof mesh3, "%s/good-mesh3.json", fx);
+    snprintf(ring4, sizeof ring4, "%s/good-ring4x2.json", fx);
+    {
+        const char *args[] = {"--check", "--hostfile", mesh3, NULL};
+        run_init(&r);
+        run_weftrun(&r, args);
+        expect_exit(&r, 0);
+        expect_in(r.out, "topology in effect: mesh (asked for)", "stdout");
+        run_fini(&r);
+    }
+    {
+        const char *args[] = {"--check", "--topology", "auto", "--hostfile",
+                              mesh3, NULL};
+        run_init(&r);
+        run_weftrun(&r, args);
+        expect_exit(&r, 0);
+        expect_in(r.out,
+                  "topology in effect: mesh (auto: every pair of the 3 "
+                  "hosts shares a link)",
+                  "stdout");
+        run_fini(&r);
+    }
+    {
+        const char *args[] = {"--check", "--topology", "ring", "--hostfile",
+                              mesh3, NULL};
+        run_init(&r);
+        run_weftrun(&r, args);
+        expect_exit(&r, 0);
+        expect_in(r.out, "topology in effect: ring (asked for)", "stdout");
+        run_fini(&r);
+    }
+    {
+        const char *args[] = {"--check", "--topology", "mesh", "--hostfile",
+                              ring4, NULL};
+        run_init(&r);
+        run_weftrun(&r, args);
+        expect_exit(&r, 2);
+        expect_in(r.err, "\"m1\" and \"m3\"", "stderr");
+        run_fini(&r);
+    }
+}
