@@ -66,7 +66,7 @@ static const weft__tp_ops *pick_transport(const char *name)
         return &weft__tcp_ops;
 #ifdef WEFT_HAVE_IBVERBS
     if (strcmp(name, "ibverbs") == 0)
-        return NULL; /* not implemented in this version yet */
+        return &weft__ibverbs_ops;
 #endif
     return NULL;
 }
@@ -97,8 +97,8 @@ int weft_init(weft_comm **out)
     if (c->tpo == NULL) {
         snprintf(init_errmsg, sizeof init_errmsg,
                  "transport \"%s\" is not available in this build of weft "
-                 "(the ibverbs transport needs libibverbs-dev at build time "
-                 "and a later version); use WEFT_TRANSPORT=tcp",
+                 "(the ibverbs transport is built only where configure "
+                 "finds libibverbs-dev); use WEFT_TRANSPORT=tcp",
                  c->cfg.transport);
         rc = WEFT_ENOTSUP;
         goto fail;

@@ -235,6 +235,22 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
         return CFG_ERR("unknown transport \"%s\" (WEFT_TRANSPORT or the "
                        "hostfile's \"transport\"): use tcp or ibverbs",
                        cfg->transport);
+    if ((rc = env_int("WEFT_IB_SLOTS", 2, 4096, WEFT__DEFAULT_IB_SLOTS, &v,
+                      errmsg, errlen)) != 0)
+        return rc;
+    cfg->ib_slots = (int)v;
+    if ((rc = env_int("WEFT_IB_SLOT_BYTES", 4096, 16L << 20,
+                      WEFT__DEFAULT_IB_SLOT_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->ib_slot_bytes = (size_t)v;
+    s = getenv("WEFT_IB_DEVICE");
+    if (s != NULL && *s != '\0') {
+        if (strlen(s) >= sizeof cfg->ib_device)
+            return CFG_ERR("WEFT_IB_DEVICE=\"%s\" is too long for an RDMA "
+                           "device name (at most %zu characters)",
+                           s, sizeof cfg->ib_device - 1);
+        strcpy(cfg->ib_device, s);
+    }
     s = getenv("WEFT_TOPOLOGY");
     if (s != NULL && *s != '\0')
         snprintf(cfg->topology, sizeof cfg->topology, "%s", s);

@@ -5,6 +5,11 @@
 #ifndef WEFT_INTERNAL_H
 #define WEFT_INTERNAL_H
 
+/* configure's results (WEFT_HAVE_IBVERBS, ...). */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
 #include "weft.h"
 
 #include <signal.h>
@@ -24,6 +29,10 @@
 #define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
 #define WEFT__DEFAULT_SOCKBUF_BYTES (4 << 20)
 #define WEFT__DEFAULT_SPIN_US 50
+/* The ibverbs transport's registered staging per queue pair: this many
+ * slots of this many bytes each way (WEFT_IB_SLOTS, WEFT_IB_SLOT_BYTES). */
+#define WEFT__DEFAULT_IB_SLOTS 16
+#define WEFT__DEFAULT_IB_SLOT_BYTES (256 * 1024)
 #define WEFT__ERRMSG_LEN 512
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
@@ -72,6 +81,9 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t bidir_min_bytes;
     char transport[16]; /* "tcp" or "ibverbs" */
+    int ib_slots;         /* ibverbs: staging slots per queue pair */
+    size_t ib_slot_bytes; /* ibverbs: bytes per slot */
+    char ib_device[64];   /* ibverbs: WEFT_IB_DEVICE, "" if unset */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];

@@ -1317,10 +1317,9 @@ static int job_relays(const weft__config *cfg)
     return 0;
 }
 
-static int plan_slots(tcp_tp *tp)
+static int plan_slots(tcp_tp *tp, int W)
 {
     const weft__config *cfg = &tp->c->cfg;
-    int W = cfg->wires;
     int relays = job_relays(cfg);
     int right = (tp->rank + 1) % tp->nranks;
     int left = (tp->rank + tp->nranks - 1) % tp->nranks;
@@ -1487,20 +1486,27 @@ static void tcp_destroy(weft__tp *t)
     free(tp);
 }
 
-static int tcp_create_guarded(struct weft_comm *c, weft__tp **out);
+static int tcp_create_guarded(struct weft_comm *c, int wires,
+                              weft__tp **out);
 
-static int tcp_create(struct weft_comm *c, weft__tp **out)
+int weft__tcp_create_wires(struct weft_comm *c, int wires, weft__tp **out)
 {
     weft__sigpipe_state sp;
     int rc;
 
     weft__sigpipe_block(&sp);
-    rc = tcp_create_guarded(c, out);
+    rc = tcp_create_guarded(c, wires, out);
     weft__sigpipe_restore(&sp);
     return rc;
 }
 
-static int tcp_create_guarded(struct weft_comm *c, weft__tp **out)
+static int tcp_create(struct weft_comm *c, weft__tp **out)
+{
+    return weft__tcp_create_wires(c, c->cfg.wires, out);
+}
+
+static int tcp_create_guarded(struct weft_comm *c, int wires,
+                              weft__tp **out)
 {
     const weft__config *cfg = &c->cfg;
     tcp_tp *tp = calloc(1, sizeof *tp);
@@ -1514,7 +1520,7 @@ static int tcp_create_guarded(struct weft_comm *c, weft__tp **out)
     tp->c = c;
     tp->rank = c->rank;
     tp->nranks = c->nranks;
-    if ((rc = plan_slots(tp)) != 0)
+    if ((rc = plan_slots(tp, wires)) != 0)
         goto fail;
     if (uv_loop_init(&tp->loop) != 0) {
         rc = weft__set_error(c, WEFT_ETRANSPORT, "cannot create a libuv loop");
@@ -1597,12 +1603,10 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
+/* What posts left for progress() to do: queued sends to write, read-ahead
+ * for posted receives, relayed chunks for posted relay receives. */
+static void tcp_handoff(tcp_tp *tp)
 {
-    tcp_tp *tp = (tcp_tp *)t;
-    unsigned ev = tp->events;
-    uint64_t now;
-
     tcp_flush(tp);
     while (tp->rx_dirty != NULL && tp->err == 0) {
         conn *k = tp->rx_dirty;
@@ -1614,6 +1618,15 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
     }
     if (tp->relay_ready && tp->err == 0)
         relay_drain(tp);
+}
+
+static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    unsigned ev = tp->events;
+    uint64_t now;
+
+    tcp_handoff(tp);
     if (tp->err != 0)
         return tp->err;
     if (tp->events != ev)
@@ -1645,6 +1658,35 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
 static void tcp_wake(weft__tp *t)
 {
     uv_async_send(&((tcp_tp *)t)->async);
+}
+
+/* ---- for transports built on this one (transport.h) ---- */
+
+int weft__tcp_poll(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    unsigned ev = tp->events;
+
+    if (tp->shut)
+        return tp->err != 0 ? tp->err : WEFT_EABORTED;
+    tcp_handoff(tp);
+    /* Also registers with epoll the reads that posts started, so that the
+     * caller's poll() on weft__tcp_fd() sees them. */
+    if (tp->err == 0)
+        tcp_run(tp, UV_RUN_NOWAIT);
+    if (tp->err != 0)
+        return tp->err;
+    return tp->events != ev ? 1 : 0;
+}
+
+int weft__tcp_fd(weft__tp *t)
+{
+    return uv_backend_fd(&((tcp_tp *)t)->loop);
+}
+
+int weft__tcp_timeout(weft__tp *t)
+{
+    return uv_backend_timeout(&((tcp_tp *)t)->loop);
 }
 
 const weft__tp_ops weft__tcp_ops = {

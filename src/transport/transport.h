@@ -72,6 +72,27 @@ typedef struct weft__tp_ops {
 } weft__tp_ops;
 
 extern const weft__tp_ops weft__tcp_ops;
+
+/* The TCP transport as a base for others: the ibverbs transport opens its
+ * bootstrap and liveness connections through these, then drives them from
+ * its own progress().
+ * - weft__tcp_create_wires: as weft__tcp_ops.create, with `wires`
+ *   connections per link (instead of the configured WEFT_WIRES). The wires
+ *   are numbered as create numbers them: per peer, the links joining the
+ *   two hosts in hostfile order (or loopback), `wires` on each.
+ * - weft__tcp_poll: one pass that never blocks: writes queued sends,
+ *   hands read bytes to posted receives, runs ready callbacks. Returns 1 if
+ *   anything happened (a completion, a wake()), 0 if not, or the
+ *   transport's error (negative).
+ * - weft__tcp_fd / weft__tcp_timeout: a file descriptor that becomes
+ *   readable when the TCP side has work, and the longest a caller may sleep
+ *   on it (ms, -1: no limit; 0: call weft__tcp_poll first), as libuv's
+ *   uv_backend_fd and uv_backend_timeout. wake() makes the fd readable. */
+int weft__tcp_create_wires(struct weft_comm *c, int wires, weft__tp **out);
+int weft__tcp_poll(weft__tp *tp);
+int weft__tcp_fd(weft__tp *tp);
+int weft__tcp_timeout(weft__tp *tp);
+
 #ifdef WEFT_HAVE_IBVERBS
 extern const weft__tp_ops weft__ibverbs_ops;
 #endif
