@@ -247,12 +247,17 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    if (weft__mesh_ok(c)) {
+        if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
+            c->cfg.mesh_small_all_reduce_bytes)
+            return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype,
+                                           op);
+        return weft__mesh_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+    }
     if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
             c->cfg.small_all_reduce_bytes &&
         weft__direct_ok(c))
         return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
-    if (weft__mesh_ok(c))
-        return weft__mesh_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
     return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
 }
 

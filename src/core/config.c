@@ -195,6 +195,11 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
                       WEFT__SMALL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->small_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
+                      WEFT__MESH_SMALL_ALL_REDUCE_BYTES, &v, errmsg,
+                      errlen)) != 0)
+        return rc;
+    cfg->mesh_small_all_reduce_bytes = (size_t)v;
     if ((rc = env_int("WEFT_BIDIR_MIN_BYTES", 0, 1L << 40,
                       WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;

@@ -134,7 +134,7 @@ int weft__mesh_broadcast(struct weft_comm *c, void *buf, size_t count,
     peer_io io[WEFT__MAX_LANES + 1] = {{0}};
     int rc;
 
-    if (bytes * (size_t)n <= c->cfg.small_all_reduce_bytes) {
+    if (bytes * (size_t)n <= c->cfg.mesh_small_all_reduce_bytes) {
         for (int p = 0; p < n; p++)
             io[p] =
                 (peer_io){b, me == root ? bytes : 0, b, p == root ? bytes : 0};

@@ -46,6 +46,7 @@ static void run_job(int nranks, int wires, const char *topology)
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
     setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "4096", 0);
     setenv("WEFT_TOPOLOGY", topology, 1);
     struct mp_opts o = {
         .nranks = nranks,

@@ -291,7 +291,7 @@ Test(failures, peer_killed, .timeout = 120)
 static struct mp_opts mesh_fail_opts(int nranks)
 {
     setenv("WEFT_TOPOLOGY", "mesh", 1);
-    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "1024", 1);
+    setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "1024", 1);
     return fail_opts(nranks);
 }
 
