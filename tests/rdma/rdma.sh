@@ -18,6 +18,7 @@
 # multi-process suites; '*' runs them all), the WEFTRUN, WEFT_BENCH,
 # WEFT_TEST_FAILPROG and WEFT_FIXTURES that make check sets, and
 # ASAN_OPTIONS, UBSAN_OPTIONS, LSAN_OPTIONS (passed on into the guest).
+if [ -n "${WEFT_SKIP_RDMA:-}" ]; then echo "SKIP: WEFT_SKIP_RDMA is set"; exit 77; fi
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(pwd) # make check runs tests in the build directory
 runner=${WEFT_RUN_IN_GUEST:-$here/run-in-guest}
