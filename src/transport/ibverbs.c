@@ -1028,12 +1028,29 @@ static void left_check(ib_tp *tp)
 /* One pass that never blocks: completions, wires, the TCP side. */
 static int poll_once(ib_tp *tp)
 {
+    unsigned ev;
+
     cq_poll_all(tp);
     process_dirty(tp);
     if (tp->err != 0)
         return tp->err;
-    if (tcp_news(tp) != 0)
-        return tp->err;
+    ev = tp->events;
+    if (tcp_news(tp) != 0) {
+        /* A peer that died closed its connection only after its last
+         * writes were acknowledged, so their completions are on the CQ by
+         * now, even where the poll above just missed them: hand them over
+         * first, so that an operation they finish still succeeds (as over
+         * TCP, where bytes sent before a close arrive before it). The
+         * failure stands for whatever waits next. */
+        int rc = tp->err;
+
+        tp->err = 0;
+        cq_poll_all(tp);
+        process_dirty(tp);
+        if (tp->err == 0)
+            tp->err = rc;
+        return tp->events != ev ? WEFT_OK : tp->err;
+    }
     if (tp->nleft > 0)
         left_check(tp);
     return tp->err;
