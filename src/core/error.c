@@ -100,6 +100,25 @@ uint64_t weft__now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t weft__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void weft__tp_fail(struct weft_comm *c, int *tp_err, int err, const char *fmt,
+                   va_list ap)
+{
+    char msg[WEFT__ERRMSG_LEN];
+
+    if (*tp_err != 0)
+        return;
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    *tp_err = err;
+    weft__set_error(c, err, "%s", msg);
+}
+
 void weft__sigpipe_block(weft__sigpipe_state *st)
 {
     sigset_t pipe_set, pending;

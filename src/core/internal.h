@@ -143,6 +143,14 @@ int weft__log_enabled(int level);
 
 /* Milliseconds on a monotonic clock. */
 uint64_t weft__now_ms(void);
+/* Nanoseconds on the same clock, for spin loops. */
+uint64_t weft__now_ns(void);
+
+/* A transport's first failure: where *tp_err is still 0, sets it to err
+ * and records the message on c (weft__set_error); later failures, which
+ * are consequences of the first, are dropped. */
+void weft__tp_fail(struct weft_comm *c, int *tp_err, int err, const char *fmt,
+                   va_list ap) __attribute__((format(printf, 4, 0)));
 
 /* Writes to a socket whose peer vanished raise SIGPIPE, which would kill
  * the process; a peer that vanished must instead become WEFT_EPEER. Every

@@ -182,16 +182,11 @@ static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
  * such as flushed requests) on the communicator. */
 static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
 {
-    char msg[WEFT__ERRMSG_LEN];
     va_list ap;
 
-    if (tp->err != 0)
-        return;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    weft__tp_fail(tp->c, &tp->err, err, fmt, ap);
     va_end(ap);
-    tp->err = err;
-    weft__set_error(tp->c, err, "%s", msg);
 }
 
 static const char *link_name(const ib_wire *w, char *buf, size_t len)
@@ -227,13 +222,6 @@ static void put64(uint8_t *p, uint64_t v)
 static uint64_t get64(const uint8_t *p)
 {
     return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 static int set_nonblock(int fd)
@@ -1137,14 +1125,14 @@ static int ib_progress(weft__tp *t, uint64_t deadline_ms)
     /* With a core to spare, poll a little before sleeping: a completion
      * channel wake-up costs more than a short message takes. */
     if (tp->spin_ns > 0) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = weft__now_ns();
         do {
             sched_yield();
             if ((rc = poll_once(tp)) != 0)
                 return rc;
             if (tp->events != ev)
                 return WEFT_OK;
-        } while (now_ns() - t0 < tp->spin_ns);
+        } while (weft__now_ns() - t0 < tp->spin_ns);
     }
     for (;;) {
         if (weft__now_ms() >= deadline_ms)
@@ -1159,16 +1147,6 @@ static int ib_progress(weft__tp *t, uint64_t deadline_ms)
 }
 
 /* ---- posting ---- */
-
-static void xq_push(weft__xfer **head, weft__xfer **tail, weft__xfer *x)
-{
-    x->tp_next = NULL;
-    if (*tail != NULL)
-        (*tail)->tp_next = x;
-    else
-        *head = x;
-    *tail = x;
-}
 
 static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
 {
@@ -1201,7 +1179,7 @@ static int ib_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
     }
     /* Queued: progress() copies it out (completions never run in a
      * post). */
-    xq_push(&w->sq_head, &w->sq_tail, x);
+    weft__xq_push(&w->sq_head, &w->sq_tail, x);
     wire_kick(w);
     return WEFT_OK;
 }
@@ -1217,7 +1195,7 @@ static int ib_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
     /* Allowed after the peer left: what it sent before may have landed
      * (left_check fails what cannot be filled). */
     x->got = 0;
-    xq_push(&w->rq_head, &w->rq_tail, x);
+    weft__xq_push(&w->rq_head, &w->rq_tail, x);
     wire_kick(w);
     return WEFT_OK;
 }
@@ -1506,7 +1484,7 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
                                tp->rank, w->w, w->peer, d->name, strerror(rc));
     /* Any 24-bit start will do; a different one per connection keeps a
      * stale packet of an earlier job from looking current. */
-    w->psn = (uint32_t)((now_ns() ^ ((uint64_t)(uintptr_t)w >> 4) ^
+    w->psn = (uint32_t)((weft__now_ns() ^ ((uint64_t)(uintptr_t)w >> 4) ^
                          ((uint64_t)getpid() << 8)) &
                         0xffffff);
     if ((rc = post_recvs(w, tp->rq_depth)) != 0)

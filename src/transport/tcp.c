@@ -238,16 +238,11 @@ static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
 
 static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
 {
-    char msg[WEFT__ERRMSG_LEN];
     va_list ap;
 
-    if (tp->err != 0)
-        return;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    weft__tp_fail(tp->c, &tp->err, err, fmt, ap);
     va_end(ap);
-    tp->err = err;
-    weft__set_error(tp->c, err, "%s", msg);
 }
 
 static void conn_close_cb(uv_handle_t *h)
@@ -577,16 +572,6 @@ static conn *wire_conn(tcp_tp *tp, int p, int w)
 }
 
 /* Appends x to a connection's queue of frames (sends or receives). */
-static void xq_push(weft__xfer **head, weft__xfer **tail, weft__xfer *x)
-{
-    x->tp_next = NULL;
-    if (*tail != NULL)
-        (*tail)->tp_next = x;
-    else
-        *head = x;
-    *tail = x;
-}
-
 /* The connection a frame is posted on, or the error that refuses it. */
 static int post_target(tcp_tp *tp, int p, int w, conn **out)
 {
@@ -611,7 +596,7 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
     if (rc != 0)
         return rc;
     /* Queued, not written: progress() writes what a pump posted at once. */
-    xq_push(&k->sq_head, &k->sq_tail, x);
+    weft__xq_push(&k->sq_head, &k->sq_tail, x);
     mark_dirty(tp, k);
     return WEFT_OK;
 }
@@ -629,7 +614,7 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
                                "rank %d: no memory for a receive buffer",
                                tp->rank);
     x->got = 0;
-    xq_push(&k->rq_head, &k->rq_tail, x);
+    weft__xq_push(&k->rq_head, &k->rq_tail, x);
     /* Read-ahead (or the stream's end) is handed out by progress(), since
      * completions never run inside a post. */
     if ((k->rx_lo < k->rx_hi || k->rx_end != 0) && !k->rx_dirty) {
@@ -1596,13 +1581,6 @@ static int tcp_nwires(weft__tp *t, int p)
     return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* What posts left for progress() to do: queued sends to write, read-ahead
  * for posted receives, relayed chunks for posted relay receives. */
 static void tcp_handoff(tcp_tp *tp)
@@ -1634,7 +1612,7 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
     /* With a core to spare, poll a little before sleeping: waking a
      * sleeping process costs more than a short message takes to arrive. */
     if (tp->spin_ns > 0) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = weft__now_ns();
         do {
             tcp_run(tp, UV_RUN_NOWAIT);
             if (tp->err != 0)
@@ -1643,7 +1621,7 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
                 return WEFT_OK;
             /* Oversubscribed, the peer we wait for may need this core. */
             sched_yield();
-        } while (now_ns() - t0 < tp->spin_ns);
+        } while (weft__now_ns() - t0 < tp->spin_ns);
     }
     now = weft__now_ms();
     if (now >= deadline_ms)

@@ -39,6 +39,18 @@ typedef struct weft__xfer {
     int peer; /* relay only: the other end */
 } weft__xfer;
 
+/* Appends x to a transport's FIFO of posted frames (linked by tp_next). */
+static inline void weft__xq_push(weft__xfer **head, weft__xfer **tail,
+                                 weft__xfer *x)
+{
+    x->tp_next = NULL;
+    if (*tail != NULL)
+        (*tail)->tp_next = x;
+    else
+        *head = x;
+    *tail = x;
+}
+
 typedef struct weft__tp_ops {
     const char *name;
     /* Opens every wire of the job for c (listens, connects, handshakes with

@@ -268,12 +268,12 @@ Test(failures, peer_exits_without_finalize, .timeout = 120)
     assert_job_passed(&res, "rank 2 exits without finalize");
 }
 
-Test(failures, peer_killed, .timeout = 120)
+/* Rank 2 of the job o describes is SIGKILLed between all_reduces. */
+static void run_peer_killed(struct mp_opts o, const char *what)
 {
     int mode = LOSS_KILL;
     static const struct mp_action kill2 = {.rank = 2, .point = 1,
                                            .kind = MP_ACT_SIGKILL};
-    struct mp_opts o = fail_opts(3);
     o.actions = &kill2;
     o.nactions = 1;
     struct mp_result res;
@@ -282,7 +282,12 @@ Test(failures, peer_killed, .timeout = 120)
                   res.rank[2].signo == SIGKILL,
               "rank 2 was not killed at its point (last point %d)",
               res.rank[2].last_point);
-    assert_job_passed(&res, "rank 2 SIGKILLed");
+    assert_job_passed(&res, what);
+}
+
+Test(failures, peer_killed, .timeout = 120)
+{
+    run_peer_killed(fail_opts(3), "rank 2 SIGKILLed");
 }
 
 /* The mesh's large all_reduce waits on every peer at once; the same
@@ -297,15 +302,7 @@ static struct mp_opts mesh_fail_opts(int nranks)
 
 Test(failures, mesh_peer_killed, .timeout = 120)
 {
-    int mode = LOSS_KILL;
-    static const struct mp_action kill2 = {.rank = 2, .point = 1,
-                                           .kind = MP_ACT_SIGKILL};
-    struct mp_opts o = mesh_fail_opts(3);
-    o.actions = &kill2;
-    o.nactions = 1;
-    struct mp_result res;
-    cr_assert_eq(mp_run(&o, peer_loss_rank, &mode, &res), 0);
-    assert_job_passed(&res, "mesh, rank 2 SIGKILLed");
+    run_peer_killed(mesh_fail_opts(3), "mesh, rank 2 SIGKILLed");
 }
 
 /* ---- (b) a stopped peer, then a fresh 2-rank communicator ---- */
@@ -357,9 +354,9 @@ static int stopped_peer_rank(int rank, int nranks, void *arg)
     return fail || fail2;
 }
 
-Test(failures, stopped_peer_then_reinit, .timeout = 120)
+/* A survivor pair of the job o describes outlives a stopped rank 2. */
+static void run_stopped_peer(struct mp_opts o)
 {
-    struct mp_opts o = fail_opts(3);
     o.hostfile_b_ranks = 2;
     o.linger_mask = 1u << 2;
     struct mp_result res;
@@ -374,21 +371,14 @@ Test(failures, stopped_peer_then_reinit, .timeout = 120)
               weft_err_name(shm()->rc[1]), shm()->ms[1]);
 }
 
+Test(failures, stopped_peer_then_reinit, .timeout = 120)
+{
+    run_stopped_peer(fail_opts(3));
+}
+
 Test(failures, mesh_stopped_peer_then_reinit, .timeout = 120)
 {
-    struct mp_opts o = mesh_fail_opts(3);
-    o.hostfile_b_ranks = 2;
-    o.linger_mask = 1u << 2;
-    struct mp_result res;
-    cr_assert_eq(mp_run(&o, stopped_peer_rank, NULL, &res), 0);
-    assert_job_passed(&res, "rank 2 stopped");
-    cr_assert(res.rank[2].lingered,
-              "rank 2 was not still stopped when the survivors ended");
-    cr_assert(shm()->rc[0] == WEFT_ETIMEDOUT || shm()->rc[1] == WEFT_ETIMEDOUT,
-              "no survivor saw WEFT_ETIMEDOUT (rank 0: %s after %.0f ms, "
-              "rank 1: %s after %.0f ms)",
-              weft_err_name(shm()->rc[0]), shm()->ms[0],
-              weft_err_name(shm()->rc[1]), shm()->ms[1]);
+    run_stopped_peer(mesh_fail_opts(3));
 }
 
 /* ---- (c) weft_abort from a second thread ---- */
