@@ -39,6 +39,7 @@
  * the devices' async event fds and the TCP transport's fd (which wake()
  * makes readable), never past the deadline.
  */
+#include "transport/ib_budget.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
@@ -1337,47 +1338,36 @@ static int plan(ib_tp *tp)
 }
 
 /* Checks, before anything is created, that the device can hold what this
- * rank puts on it. */
+ * rank and the other ranks of its host put on it (ib_budget.h). */
 static int dev_budget(ib_tp *tp, const ib_dev *d)
 {
     const struct ibv_device_attr *a = &d->attr;
-    long cqe = (long)d->nqp * (tp->sq_depth + tp->rq_depth);
-    size_t ring = tp->slot_bytes * (size_t)tp->slots;
-    int depth = tp->sq_depth > tp->rq_depth ? tp->sq_depth : tp->rq_depth;
+    const weft__config *cfg = &tp->c->cfg;
+    weft__ib_limits lim = {
+        .max_qp = a->max_qp,
+        .max_mr = a->max_mr,
+        .max_cq = a->max_cq,
+        .max_pd = a->max_pd,
+        .max_cqe = a->max_cqe,
+        .max_qp_wr = a->max_qp_wr,
+        .max_mr_size = a->max_mr_size,
+    };
+    weft__ib_needs need = {
+        .nqp = d->nqp,
+        .sq_depth = tp->sq_depth,
+        .rq_depth = tp->rq_depth,
+        .ring = tp->slot_bytes * (size_t)tp->slots,
+        .local_ranks = 0,
+    };
+    char msg[512];
 
-    if (d->nqp > a->max_qp)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s: this rank needs %d "
-                               "queue pairs on it (one per wire) but the "
-                               "device allows %d (max_qp); use fewer wires",
-                               tp->rank, d->name, d->nqp, a->max_qp);
-    if (2 * d->nqp > a->max_mr)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s: this rank needs %d "
-                               "memory regions on it (two per wire) but the "
-                               "device allows %d (max_mr); use fewer wires",
-                               tp->rank, d->name, 2 * d->nqp, a->max_mr);
-    if (cqe > a->max_cqe)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s: this rank needs a "
-                               "completion queue of %ld entries but the "
-                               "device allows %d (max_cqe); lower "
-                               "WEFT_IB_SLOTS or use fewer wires",
-                               tp->rank, d->name, cqe, a->max_cqe);
-    if (depth > a->max_qp_wr)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s: this rank needs %d "
-                               "work requests per queue pair but the device "
-                               "allows %d (max_qp_wr); lower WEFT_IB_SLOTS",
-                               tp->rank, d->name, depth, a->max_qp_wr);
-    if (ring > a->max_mr_size)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s: a ring of %zu bytes "
-                               "is larger than the device registers (%llu, "
-                               "max_mr_size); lower WEFT_IB_SLOTS or "
-                               "WEFT_IB_SLOT_BYTES",
-                               tp->rank, d->name, ring,
-                               (unsigned long long)a->max_mr_size);
+    /* Every rank of a host builds the same wires on the same devices
+     * (wire_device() depends on the host and WEFT_IB_DEVICE only). */
+    for (int q = 0; q < tp->nranks; q++)
+        if (cfg->rank_host[q] == cfg->rank_host[tp->rank])
+            need.local_ranks++;
+    if (weft__ib_budget(&lim, &need, tp->rank, d->name, msg, sizeof msg) != 0)
+        return weft__set_error(tp->c, WEFT_ECONFIG, "%s", msg);
     return WEFT_OK;
 }
 
