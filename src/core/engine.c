@@ -387,7 +387,10 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
  * transport: an abort, the deadline or a failed wire ends the wait with
  * its error, which is stored in *err unless *err already holds one (a
  * completion may have failed meanwhile, and the first cause wins); the
- * timeout message names what the operation waited for (describe). */
+ * timeout message names what the operation waited for (describe). The
+ * deadline is checked here too, not only by the transport: a transport
+ * whose progress() keeps returning early (events that move nothing this
+ * operation waits for) must not keep a caller past it. */
 static void wait_once(struct weft_comm *c, const char *name,
                       uint64_t deadline,
                       void (*describe)(const void *, char *, size_t),
@@ -403,7 +406,8 @@ static void wait_once(struct weft_comm *c, const char *name,
                                    c->rank, name);
         return;
     }
-    rc = c->tpo->progress(c->tp, deadline);
+    rc = weft__now_ms() >= deadline ? WEFT_ETIMEDOUT
+                                    : c->tpo->progress(c->tp, deadline);
     if (rc == 0 || *err != 0)
         return;
     if (rc == WEFT_ETIMEDOUT) {
