@@ -11,10 +11,12 @@
  *       their ratio are printed. Blocking reads by default (the reader
  *       sleeps in the kernel, as weft does after WEFT_SPIN_US); -s spins on
  *       non-blocking reads instead.
- *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS]
+ *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS] [-s]
  *       each rank streams BYTES to the next rank of a ring while receiving
  *       BYTES from the previous one, at once (non-blocking sockets, poll):
- *       the bytes per second each rank moves each way. A ring all_reduce
+ *       the bytes per second each rank moves each way (-s: spinning on
+ *       non-blocking calls, yielding the core between tries, instead of
+ *       sleeping in poll()). A ring all_reduce
  *       moves 2(n-1)/n of its buffer each way per rank and reduces too, so
  *       its busbw cannot exceed this figure on the same host.
  *
@@ -27,6 +29,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -230,7 +233,11 @@ static void stream_once(int out, int in, char *sbuf, char *rbuf)
             pf[n++] = (struct pollfd){.fd = out, .events = POLLOUT};
         if (got < bytes)
             pf[n++] = (struct pollfd){.fd = in, .events = POLLIN};
-        if (poll(pf, (nfds_t)n, 10000) <= 0)
+        /* Spinning: try both sockets again at once, giving the core away
+         * in between (the peer may need it); else sleep in poll(). */
+        if (spin)
+            sched_yield();
+        else if (poll(pf, (nfds_t)n, 10000) <= 0)
             die("poll");
         if (sent < bytes) {
             long long want = bytes - sent < chunk ? bytes - sent : chunk;
