@@ -1357,15 +1357,12 @@ static int dev_budget(ib_tp *tp, const ib_dev *d)
         .sq_depth = tp->sq_depth,
         .rq_depth = tp->rq_depth,
         .ring = tp->slot_bytes * (size_t)tp->slots,
-        .local_ranks = 0,
+        /* Every rank of a host builds the same wires on the same devices
+         * (wire_device() depends on the host and WEFT_IB_DEVICE only). */
+        .local_ranks = cfg->hosts[cfg->rank_host[tp->rank]].nranks,
     };
     char msg[512];
 
-    /* Every rank of a host builds the same wires on the same devices
-     * (wire_device() depends on the host and WEFT_IB_DEVICE only). */
-    for (int q = 0; q < tp->nranks; q++)
-        if (cfg->rank_host[q] == cfg->rank_host[tp->rank])
-            need.local_ranks++;
     if (weft__ib_budget(&lim, &need, tp->rank, d->name, msg, sizeof msg) != 0)
         return weft__set_error(tp->c, WEFT_ECONFIG, "%s", msg);
     return WEFT_OK;
