@@ -41,7 +41,9 @@ size_t weft_dtype_size(weft_dtype dtype)
 
 const char *weft_last_error(const weft_comm *c)
 {
-    return c == NULL ? init_errmsg : c->errmsg;
+    if (c == NULL)
+        return init_errmsg;
+    return c->fail.code != 0 ? c->fail.msg : c->errmsg;
 }
 
 int weft__scratch(struct weft_comm *c, size_t nbytes, void **out)
@@ -49,10 +51,11 @@ int weft__scratch(struct weft_comm *c, size_t nbytes, void **out)
     if (nbytes > c->scratch_bytes) {
         void *p = realloc(c->scratch, nbytes);
         if (p == NULL)
-            return weft__set_error(c, WEFT_ENOMEM,
-                                   "rank %d: cannot allocate %zu bytes of "
-                                   "scratch",
-                                   c->rank, nbytes);
+            /* Before anything of the call moved: c stays usable. */
+            return weft__note(c, WEFT_ENOMEM,
+                              "rank %d: cannot allocate %zu bytes of "
+                              "scratch",
+                              c->rank, nbytes);
         c->scratch = p;
         c->scratch_bytes = nbytes;
     }
@@ -92,6 +95,12 @@ int weft_init(weft_comm **out)
     c->rank = c->cfg.rank;
     c->nranks = c->cfg.nranks;
     c->timeout_ms = c->cfg.timeout_ms;
+    c->fail.rank = c->rank;
+    /* One deadline for the whole set-up, whatever layers it takes (the
+     * ibverbs transport's exchange runs over the TCP one's wires). */
+    c->call.name = "weft_init";
+    c->call.deadline_ms =
+        weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     atomic_init(&c->aborted, 0);
     c->tpo = pick_transport(c->cfg.transport);
     if (c->tpo == NULL) {
@@ -112,7 +121,8 @@ int weft_init(weft_comm **out)
     if (c->nranks > 1) {
         rc = c->tpo->create(c, &c->tp);
         if (rc != 0) {
-            snprintf(init_errmsg, sizeof init_errmsg, "%s", c->errmsg);
+            snprintf(init_errmsg, sizeof init_errmsg, "%s",
+                     c->fail.code != 0 ? c->fail.msg : c->errmsg);
             goto fail;
         }
     }
@@ -162,12 +172,10 @@ int weft_set_timeout(weft_comm *c, int timeout_ms)
 {
     if (c == NULL)
         return WEFT_EINVAL;
-    if (timeout_ms <= 0) {
-        snprintf(c->errmsg, sizeof c->errmsg,
-                 "weft_set_timeout: timeout_ms must be > 0, got %d",
-                 timeout_ms);
-        return WEFT_EINVAL;
-    }
+    if (timeout_ms <= 0)
+        return weft__note(c, WEFT_EINVAL,
+                          "weft_set_timeout: timeout_ms must be > 0, got %d",
+                          timeout_ms);
     c->timeout_ms = timeout_ms;
     return WEFT_OK;
 }
@@ -205,13 +213,10 @@ static int check(weft_comm *c, const char *name, size_t count,
 {
     size_t es;
 
-    if (c->failed != 0 || atomic_load(&c->aborted)) {
-        if (c->failed == 0) {
-            c->failed = WEFT_EABORTED;
-            snprintf(c->errmsg, sizeof c->errmsg,
-                     "rank %d: communicator aborted by weft_abort()",
-                     c->rank);
-        }
+    if (c->fail.code != 0 || atomic_load(&c->aborted)) {
+        weft__set_error(c, WEFT_EABORTED,
+                        "rank %d: communicator aborted by weft_abort()",
+                        c->rank);
         return WEFT_EABORTED;
     }
     if (!weft__dtype_valid((int)dtype))
@@ -228,6 +233,26 @@ static int check(weft_comm *c, const char *name, size_t count,
         if ((c) == NULL)                                                       \
             return WEFT_EINVAL;                                                \
     } while (0)
+
+/* Starts a call that moves data: its one deadline, and what every rank's
+ * call must agree on, which the engine's headers carry. Collectives are
+ * numbered per communicator (every rank calls them in the same order);
+ * point-to-point calls are numbered per pair by the engine. */
+static void call_begin(weft_comm *c, int kind, const char *name,
+                       weft_dtype dtype, int redop, int root, size_t count)
+{
+    weft__call *k = &c->call;
+
+    k->deadline_ms = weft__now_ms() + (uint64_t)c->timeout_ms;
+    k->name = name;
+    k->kind = kind;
+    k->dtype = (int)dtype;
+    k->redop = redop;
+    k->root = root;
+    k->count = count;
+    k->seq = kind == WEFT__OP_P2P ? 0 : ++c->coll_seq;
+    k->passes = 0;
+}
 
 int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
                     size_t count, weft_dtype dtype, weft_redop op)
@@ -247,6 +272,8 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    call_begin(c, WEFT__OP_ALL_REDUCE, "all_reduce", dtype, (int)op, -1,
+               count);
     if (weft__mesh_ok(c)) {
         if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
             c->cfg.mesh_small_all_reduce_bytes)
@@ -277,6 +304,7 @@ int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    call_begin(c, WEFT__OP_ALL_GATHER, "all_gather", dtype, -1, -1, count);
     if (weft__mesh_ok(c))
         return weft__mesh_all_gather(c, sendbuf, recvbuf, count, dtype,
                                      WEFT__OP_ALL_GATHER, "all_gather");
@@ -304,6 +332,8 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
         return WEFT_OK;
     }
+    call_begin(c, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dtype, (int)op,
+               -1, recvcount);
     if (weft__mesh_ok(c))
         return weft__mesh_reduce_scatter(c, sendbuf, recvbuf, recvcount,
                                          dtype, op);
@@ -326,6 +356,7 @@ int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
         return inval(c, "broadcast: NULL buffer with count %zu", count);
     if (count == 0 || c->nranks == 1)
         return WEFT_OK;
+    call_begin(c, WEFT__OP_BROADCAST, "broadcast", dtype, -1, root, count);
     if (weft__mesh_ok(c))
         return weft__mesh_broadcast(c, buf, count, dtype, root);
     return weft__ring_broadcast(c, buf, count, dtype, root);
@@ -350,6 +381,7 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0)
         return WEFT_OK;
+    call_begin(c, WEFT__OP_P2P, name, dtype, -1, -1, count);
     return weft__sendrecv(c, name, buf, is_send ? peer : -1, buf,
                           is_send ? -1 : peer, count, dtype);
 }
@@ -383,6 +415,7 @@ int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
         return inval(c, "sendrecv: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
+    call_begin(c, WEFT__OP_P2P, "sendrecv", dtype, -1, -1, count);
     return weft__sendrecv(c, "sendrecv", sendbuf, dst, recvbuf, src, count,
                           dtype);
 }
@@ -396,6 +429,7 @@ int weft_barrier(weft_comm *c)
         return rc;
     if (c->nranks == 1)
         return WEFT_OK;
+    call_begin(c, WEFT__OP_BARRIER, "barrier", WEFT_UINT8, -1, -1, 1);
     if (weft__direct_ok(c))
         return weft__direct_barrier(c);
     return weft__ring_barrier(c);

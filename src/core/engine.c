@@ -22,8 +22,14 @@
 #include <string.h>
 
 #define HDR_MAGIC 0x57464f50u /* "WFOP" */
-#define HDR_BYTES 16
+#define HDR_BYTES 40
+/* The tag of a header on a check channel, and of a relayed message's. */
+#define TAG_CHECK 0xffffu
+#define TAG_RELAY 0xfffeu
 #define FIFO_CAP 8 /* > max(SEND_DEPTH, RECV_DEPTH) */
+
+#define container_of(ptr, type, member)                                        \
+    ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 struct wstate;
 
@@ -67,15 +73,32 @@ struct weft__engine {
     char **stage;
 };
 
+/* A check channel: headers only, exchanged on wire 0 with a peer that a
+ * collective pass moves no data to (or from), so that every rank compares
+ * its call with its neighbours' even where data flows one way (the root
+ * of a broadcast receives nothing, yet must not return WEFT_OK when its
+ * neighbours named another root), and sees a dead neighbour. */
+typedef struct check {
+    struct run *run;
+    int peer;
+    int send, recv;       /* this pass sends (receives) a check header */
+    int sent, got;        /* ... and it completed */
+    weft__xfer sx, rx;
+    uint8_t sbuf[HDR_BYTES], rbuf[HDR_BYTES];
+} check;
+
 typedef struct run {
     struct weft_comm *c;
     const weft__op *op;
     size_t frame;
     int err;
+    int pass; /* this pass's number in the call */
     int sw[WEFT__MAX_LANES]; /* wires to the lane's send peer */
     int rw[WEFT__MAX_LANES]; /* wires to the lane's receive peer */
-    uint32_t sseq[WEFT__MAX_LANES];
-    uint32_t rseq[WEFT__MAX_LANES];
+    uint64_t sseq[WEFT__MAX_LANES];
+    uint64_t rseq[WEFT__MAX_LANES];
+    int nchecks;
+    check checks[WEFT__MAX_LANES * 2];
     uint64_t stotal[WEFT__MAX_LANES];
     uint64_t rtotal[WEFT__MAX_LANES];
     wstate *ws[WEFT__MAX_LANES]; /* max(sw, rw) entries per lane */
@@ -98,23 +121,26 @@ static weft__region step_region(const run *r, size_t len, int nw, int w)
     return weft__plan_region(len, used, r->op->esize, w);
 }
 
-static int engine_fail(run *r, int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static int fail_into(struct weft_comm *c, int *result, int err,
+                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static int engine_fail(run *r, int err, const char *fmt, ...)
+/* Records a failure on the communicator's one error record and makes it
+ * the result of the pass (*result) unless it has one: whatever that
+ * record holds, the first cause. */
+static int fail_into(struct weft_comm *c, int *result, int err,
+                     const char *fmt, ...)
 {
-    char msg[WEFT__ERRMSG_LEN];
     va_list ap;
 
-    if (r->err != 0)
-        return r->err;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err = weft__vfail(&c->fail, err, fmt, ap);
     va_end(ap);
-    r->err = err;
-    weft__set_error(r->c, err, "%s", msg);
-    return err;
+    if (*result == 0)
+        *result = err;
+    return *result;
 }
+
+#define engine_fail(r, ...) fail_into((r)->c, &(r)->err, __VA_ARGS__)
 
 static char *stage_slot(run *r, int lane, int w, int slot)
 {
@@ -128,25 +154,175 @@ static char *stage_slot(run *r, int lane, int w, int slot)
     return e->stage[i];
 }
 
-static void hdr_pack(uint8_t *b, const run *r, int lane, uint32_t seq,
-                     uint64_t total)
-{
-    uint32_t v[4];
+/* ---- headers ----
+ *
+ * Every channel of a pass (each wire of a lane, each check channel, each
+ * relayed message) starts with a header that says which call the sender
+ * is in: the call's kind, dtype, op, count and root, its sequence number
+ * (collectives: the communicator's count of them; point to point: the
+ * pair's count of messages that way), the pass within the call, the
+ * channel's tag and the bytes that follow on it. A receiver compares it
+ * with its own before it uses a byte after it, so ranks that called
+ * different things fail with WEFT_EMISMATCH, and bytes an earlier
+ * mismatched call left on a wire never pass for a later call's. */
 
-    v[0] = HDR_MAGIC;
-    v[1] = (uint32_t)r->op->kind | (uint32_t)r->op->dtype << 8 |
-           (uint32_t)r->op->redop << 16 |
-           (uint32_t)r->op->lanes[lane].tag << 24;
-    v[2] = seq;
-    v[3] = (uint32_t)(total ^ (total >> 32));
-    memcpy(b, v, sizeof v);
+typedef struct ophdr {
+    uint32_t magic;
+    uint32_t kind, dtype, redop, pass; /* one byte each on the wire */
+    uint32_t tag;
+    int32_t root;
+    uint64_t seq, count, total;
+} ophdr;
+
+static void put32le(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+           (uint32_t)p[3] << 24;
+}
+
+static void put64le(uint8_t *p, uint64_t v)
+{
+    put32le(p, (uint32_t)v);
+    put32le(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint64_t get64le(const uint8_t *p)
+{
+    return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
+}
+
+static ophdr hdr_make(const struct weft_comm *c, int pass, uint32_t tag,
+                    uint64_t seq, uint64_t total)
+{
+    const weft__call *k = &c->call;
+    ophdr h = {
+        .magic = HDR_MAGIC,
+        .kind = (uint32_t)k->kind & 0xff,
+        .dtype = (uint32_t)k->dtype & 0xff,
+        .redop = (uint32_t)k->redop & 0xff,
+        .pass = (uint32_t)pass & 0xff,
+        .tag = tag,
+        .root = k->root,
+        .seq = seq,
+        .count = k->count,
+        .total = total,
+    };
+    return h;
+}
+
+static void hdr_encode(uint8_t *b, const ophdr *h)
+{
+    put32le(b, h->magic);
+    b[4] = (uint8_t)h->kind;
+    b[5] = (uint8_t)h->dtype;
+    b[6] = (uint8_t)h->redop;
+    b[7] = (uint8_t)h->pass;
+    put32le(b + 8, h->tag);
+    put32le(b + 12, (uint32_t)h->root);
+    put64le(b + 16, h->seq);
+    put64le(b + 24, h->count);
+    put64le(b + 32, h->total);
+}
+
+static void hdr_decode(const uint8_t *b, ophdr *h)
+{
+    h->magic = get32le(b);
+    h->kind = b[4];
+    h->dtype = b[5];
+    h->redop = b[6];
+    h->pass = b[7];
+    h->tag = get32le(b + 8);
+    h->root = (int32_t)get32le(b + 12);
+    h->seq = get64le(b + 16);
+    h->count = get64le(b + 24);
+    h->total = get64le(b + 32);
+}
+
+/* "broadcast(count 1024, float32, root 1) #7", for messages. */
+static void hdr_describe(const ophdr *h, char *out, size_t len)
+{
+    static const char *kinds[] = {"?",         "all_reduce", "all_gather",
+                                  "reduce_scatter", "broadcast",
+                                  "send/recv", "barrier"};
+    static const char *dtypes[] = {"int8",  "uint8",   "int32",   "uint32",
+                                   "int64", "uint64",  "float16", "bfloat16",
+                                   "float32", "float64"};
+    static const char *ops[] = {"sum", "prod", "min", "max"};
+    char extra[48] = "";
+    size_t n;
+
+    if (h->redop < 4)
+        snprintf(extra, sizeof extra, ", %s", ops[h->redop]);
+    n = strlen(extra);
+    if (h->root >= 0)
+        snprintf(extra + n, sizeof extra - n, ", root %d", (int)h->root);
+    snprintf(out, len, "%s(count %llu, %s%s) #%llu",
+             h->kind < 7 ? kinds[h->kind] : "?",
+             (unsigned long long)h->count,
+             h->dtype < 10 ? dtypes[h->dtype] : "?", extra,
+             (unsigned long long)h->seq);
+}
+
+/* Compares a received header with the one this rank expects from peer on
+ * wire w; a difference fails the pass with a message that names both
+ * calls. Returns 0 when they match. */
+static int hdr_check(struct weft_comm *c, int *result, const uint8_t *got,
+                     const ophdr *want, int peer, int w)
+{
+    uint8_t wb[HDR_BYTES];
+    char mine[128], theirs[128];
+    ophdr g;
+
+    hdr_encode(wb, want);
+    if (memcmp(wb, got, HDR_BYTES) == 0)
+        return 0;
+    hdr_decode(got, &g);
+    hdr_describe(want, mine, sizeof mine);
+    if (g.magic != HDR_MAGIC)
+        return fail_into(c, result, WEFT_EMISMATCH,
+                           "rank %d: %s: peer %d sent bytes that are no "
+                           "operation header on wire %d, where this rank "
+                           "expected the start of %s (data an earlier "
+                           "call with mismatched arguments left on the "
+                           "wire?)",
+                           c->rank, c->call.name, peer, w, mine);
+    hdr_describe(&g, theirs, sizeof theirs);
+    if (strcmp(mine, theirs) != 0)
+        return fail_into(c, result, WEFT_EMISMATCH,
+                           "rank %d: peer %d called %s while this rank "
+                           "called %s: ranks must call the same collectives "
+                           "with the same count, dtype, op and root, in the "
+                           "same order",
+                           c->rank, peer, theirs, mine);
+    return fail_into(c, result, WEFT_EMISMATCH,
+                       "rank %d: %s: peer %d on wire %d is at pass %u, tag "
+                       "%u with %llu bytes where this rank is at pass %u, "
+                       "tag %u with %llu bytes (the ranks chose different "
+                       "algorithms: mismatched thresholds or topology?)",
+                       c->rank, mine, peer, w, g.pass, g.tag,
+                       (unsigned long long)g.total, want->pass, want->tag,
+                       (unsigned long long)want->total);
+}
+
+/* The header of lane `lane`'s sends (is_send) or receives. */
+static ophdr lane_hdr(const run *r, int lane, int is_send)
+{
+    return hdr_make(r->c, r->pass, (uint32_t)r->op->lanes[lane].tag,
+                    is_send ? r->sseq[lane] : r->rseq[lane],
+                    is_send ? r->stotal[lane] : r->rtotal[lane]);
 }
 
 /* ---- completions ---- */
 
 static void send_done(weft__xfer *x)
 {
-    frame *f = (frame *)x;
+    frame *f = container_of(x, frame, x);
     wstate *ws = f->ws;
 
     assert(&ws->s_fr[ws->s_head] == f);
@@ -157,7 +333,7 @@ static void send_done(weft__xfer *x)
 
 static void recv_done(weft__xfer *x)
 {
-    frame *f = (frame *)x;
+    frame *f = container_of(x, frame, x);
     wstate *ws = f->ws;
     run *r = ws->run;
     const weft__step *st = &r->op->lanes[ws->lane].steps[f->step];
@@ -166,17 +342,10 @@ static void recv_done(weft__xfer *x)
     ws->r_head = (ws->r_head + 1) % FIFO_CAP;
     ws->r_count--;
     if (f->hdr) {
-        uint8_t want[HDR_BYTES];
-        hdr_pack(want, r, ws->lane, r->rseq[ws->lane], r->rtotal[ws->lane]);
-        if (memcmp(want, ws->r_hdrbuf, HDR_BYTES) != 0) {
-            engine_fail(r, WEFT_EMISMATCH,
-                        "rank %d: %s: peer %d on wire %d called a different "
-                        "operation, dtype, op, count or sequence (header "
-                        "mismatch)",
-                        r->c->rank, r->op->name,
-                        r->op->lanes[ws->lane].recv_peer, ws->w);
+        ophdr want = lane_hdr(r, ws->lane, 0);
+        if (hdr_check(r->c, &r->err, ws->r_hdrbuf, &want,
+                      r->op->lanes[ws->lane].recv_peer, ws->w) != 0)
             return;
-        }
     } else {
         if (f->slot >= 0)
             weft__reduce3(st->recv_dst + f->a, st->recv_a + f->a,
@@ -186,6 +355,21 @@ static void recv_done(weft__xfer *x)
         ws->d_end = f->a + f->len;
     }
     pump_lane(r, ws->lane);
+}
+
+static void check_send_done(weft__xfer *x)
+{
+    container_of(x, check, sx)->sent = 1;
+}
+
+static void check_recv_done(weft__xfer *x)
+{
+    check *k = container_of(x, check, rx);
+    run *r = k->run;
+    ophdr want = hdr_make(r->c, r->pass, TAG_CHECK, r->c->call.seq, 0);
+
+    if (hdr_check(r->c, &r->err, k->rbuf, &want, k->peer, 0) == 0)
+        k->got = 1;
 }
 
 /* ---- posting ---- */
@@ -263,7 +447,8 @@ static void pump_send(run *r, int lane, wstate *ws)
             continue;
         }
         if (!ws->s_hdr) {
-            hdr_pack(ws->s_hdrbuf, r, lane, r->sseq[lane], r->stotal[lane]);
+            ophdr h = lane_hdr(r, lane, 1);
+            hdr_encode(ws->s_hdrbuf, &h);
             ws->s_hdr = 1;
             post(r, ws, 1, ws->s_step, 1, (char *)ws->s_hdrbuf, 0, HDR_BYTES,
                  -1);
@@ -356,6 +541,15 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
     const run *r = arg;
 
     snprintf(out, outlen, "nothing");
+    for (int i = 0; i < r->nchecks; i++) {
+        const check *k = &r->checks[i];
+        if (k->recv && !k->got) {
+            snprintf(out, outlen,
+                     "peer %d to start the same call (its header on wire 0)",
+                     k->peer);
+            return;
+        }
+    }
     for (int l = 0; l < r->op->nlanes; l++) {
         const weft__lane *ln = &r->op->lanes[l];
         for (int w = 0; w < r->rw[l]; w++) {
@@ -400,10 +594,11 @@ static void wait_once(struct weft_comm *c, const char *name,
     int rc;
 
     if (atomic_load(&c->aborted)) {
+        rc = weft__set_error(c, WEFT_EABORTED,
+                             "rank %d: %s aborted by weft_abort()", c->rank,
+                             name);
         if (*err == 0)
-            *err = weft__set_error(c, WEFT_EABORTED,
-                                   "rank %d: %s aborted by weft_abort()",
-                                   c->rank, name);
+            *err = rc;
         return;
     }
     rc = weft__now_ms() >= deadline ? WEFT_ETIMEDOUT
@@ -412,11 +607,15 @@ static void wait_once(struct weft_comm *c, const char *name,
         return;
     if (rc == WEFT_ETIMEDOUT) {
         describe(arg, what, sizeof what);
-        weft__set_error(c, rc,
-                        "rank %d: %s passed its deadline of %d ms "
-                        "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting for "
-                        "%s",
-                        c->rank, name, c->timeout_ms, what);
+        rc = weft__set_error(c, rc,
+                             "rank %d: %s passed its deadline of %d ms "
+                             "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
+                             "for %s",
+                             c->rank, name, c->timeout_ms, what);
+    } else {
+        /* The transport recorded its cause; the first one stands. */
+        rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, name,
+                             weft_strerror(rc));
     }
     *err = rc;
 }
@@ -425,8 +624,9 @@ static void wait_once(struct weft_comm *c, const char *name,
  * caller's buffers once we return) and fail the communicator. */
 static void op_failed(struct weft_comm *c, int err)
 {
+    weft__set_error(c, err, "rank %d: %s failed: %s", c->rank, c->call.name,
+                    weft_strerror(err));
     c->tpo->shutdown(c->tp);
-    c->failed = err;
 }
 
 static int engine_ensure(struct weft_comm *c)
@@ -471,10 +671,95 @@ void weft__engine_free(struct weft_comm *c)
     c->eng = NULL;
 }
 
+static int check_done(const run *r)
+{
+    for (int i = 0; i < r->nchecks; i++) {
+        const check *k = &r->checks[i];
+        if ((k->send && !k->sent) || (k->recv && !k->got))
+            return 0;
+    }
+    return 1;
+}
+
+/* The check channels of a collective pass: with every peer it moves data
+ * to or from, and every peer of its op's check set (its ring neighbours,
+ * or every peer), headers go both ways; a check channel carries the ones
+ * that no lane carries. Point-to-point passes have none: a send must not
+ * wait for its receiver. */
+static void plan_checks(run *r)
+{
+    const struct weft_comm *c = r->c;
+    const weft__op *op = r->op;
+    int cand[2 * WEFT__MAX_LANES + WEFT__MESH_MAX_RANKS + 2], ncand = 0;
+
+    if (c->call.kind == WEFT__OP_P2P)
+        return;
+    for (int l = 0; l < op->nlanes; l++) {
+        cand[ncand++] = op->lanes[l].send_peer;
+        cand[ncand++] = op->lanes[l].recv_peer;
+    }
+    if (op->check == WEFT__CHECK_RING) {
+        cand[ncand++] = (c->rank + 1) % c->nranks;
+        cand[ncand++] = (c->rank + c->nranks - 1) % c->nranks;
+    } else if (op->check == WEFT__CHECK_ALL &&
+               c->nranks <= WEFT__MESH_MAX_RANKS) {
+        for (int p = 0; p < c->nranks; p++)
+            if (p != c->rank)
+                cand[ncand++] = p;
+    }
+    for (int i = 0; i < ncand; i++) {
+        int p = cand[i], dup = 0, sends = 0, recvs = 0;
+        check *k;
+
+        for (int j = 0; j < i; j++)
+            dup |= cand[j] == p;
+        if (p < 0 || p == c->rank || dup || c->tpo->nwires(c->tp, p) == 0)
+            continue;
+        for (int l = 0; l < op->nlanes; l++) {
+            sends |= op->lanes[l].send_peer == p;
+            recvs |= op->lanes[l].recv_peer == p;
+        }
+        if (sends && recvs)
+            continue;
+        k = &r->checks[r->nchecks++];
+        k->run = r;
+        k->peer = p;
+        k->send = !sends;
+        k->recv = !recvs;
+    }
+}
+
+static void post_checks(run *r)
+{
+    struct weft_comm *c = r->c;
+
+    for (int i = 0; i < r->nchecks && r->err == 0; i++) {
+        check *k = &r->checks[i];
+        int rc = 0;
+
+        if (k->recv) {
+            k->rx.done = check_recv_done;
+            k->rx.buf = (char *)k->rbuf;
+            k->rx.len = HDR_BYTES;
+            rc = c->tpo->post_recv(c->tp, k->peer, 0, &k->rx);
+        }
+        if (rc == 0 && k->send) {
+            ophdr h = hdr_make(c, r->pass, TAG_CHECK, c->call.seq, 0);
+            hdr_encode(k->sbuf, &h);
+            k->sx.done = check_send_done;
+            k->sx.buf = (char *)k->sbuf;
+            k->sx.len = HDR_BYTES;
+            rc = c->tpo->post_send(c->tp, k->peer, 0, &k->sx);
+        }
+        if (rc != 0)
+            engine_fail(r, rc, "rank %d: %s: cannot post to peer %d: %s",
+                        c->rank, c->call.name, k->peer, weft_strerror(rc));
+    }
+}
+
 int weft__engine_run(struct weft_comm *c, const weft__op *op)
 {
     run r;
-    uint64_t deadline;
     int rc, all_done;
 
     memset(&r, 0, sizeof r);
@@ -482,7 +767,8 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
     r.op = op;
     r.frame = c->cfg.frame_bytes;
     if ((rc = engine_ensure(c)) != 0)
-        return rc;
+        return weft__note(c, rc, "rank %d: %s: no memory for the engine",
+                          c->rank, c->call.name);
     for (int l = 0; l < op->nlanes; l++) {
         const weft__lane *ln = &op->lanes[l];
 
@@ -491,16 +777,15 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
         r.rw[l] = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer)
                                      : 0;
         if ((ln->send_peer >= 0 && r.sw[l] == 0) ||
-            (ln->recv_peer >= 0 && r.rw[l] == 0)) {
+            (ln->recv_peer >= 0 && r.rw[l] == 0))
             /* Found before anything moved: the communicator stays usable. */
-            snprintf(c->errmsg, sizeof c->errmsg,
-                     "rank %d: %s needs a direct link to peer %d, and this "
-                     "job has none",
-                     c->rank, op->name,
-                     r.sw[l] == 0 ? ln->send_peer : ln->recv_peer);
-            return WEFT_ENOTSUP;
-        }
+            return weft__note(c, WEFT_ENOTSUP,
+                              "rank %d: %s needs a direct link to peer %d, "
+                              "and this job has none",
+                              c->rank, op->name,
+                              r.sw[l] == 0 ? ln->send_peer : ln->recv_peer);
     }
+    r.pass = c->call.passes++;
     for (int l = 0; l < op->nlanes; l++) {
         const weft__lane *ln = &op->lanes[l];
         int n;
@@ -508,7 +793,8 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
         n = r.sw[l] > r.rw[l] ? r.sw[l] : r.rw[l];
         r.ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
         if (r.ws[l] == NULL) {
-            rc = WEFT_ENOMEM;
+            rc = engine_fail(&r, WEFT_ENOMEM, "rank %d: %s: out of memory",
+                             c->rank, op->name);
             goto out;
         }
         for (int w = 0; w < n; w++) {
@@ -521,22 +807,28 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
             r.stotal[l] += ln->steps[k].send_len;
             r.rtotal[l] += ln->steps[k].recv_len;
         }
-        if (ln->send_peer >= 0)
-            r.sseq[l] = c->send_seq[ln->send_peer]++;
-        if (ln->recv_peer >= 0)
-            r.rseq[l] = c->recv_seq[ln->recv_peer]++;
+        /* Collectives are matched by the call's number; point-to-point
+         * messages by their number between the pair, each way. */
+        r.sseq[l] = r.rseq[l] = c->call.seq;
+        if (c->call.kind == WEFT__OP_P2P) {
+            if (ln->send_peer >= 0)
+                r.sseq[l] = c->send_seq[ln->send_peer]++;
+            if (ln->recv_peer >= 0)
+                r.rseq[l] = c->recv_seq[ln->recv_peer]++;
+        }
     }
-
-    deadline = weft__now_ms() + (uint64_t)c->timeout_ms;
+    plan_checks(&r);
+    post_checks(&r);
     for (int l = 0; l < op->nlanes; l++)
         pump_lane(&r, l);
     for (;;) {
-        all_done = 1;
+        all_done = check_done(&r);
         for (int l = 0; l < op->nlanes && all_done; l++)
             all_done = lane_done(&r, l);
         if (r.err != 0 || all_done)
             break;
-        wait_once(c, op->name, deadline, describe_wait, &r, &r.err);
+        wait_once(c, op->name, c->call.deadline_ms, describe_wait, &r,
+                  &r.err);
     }
     rc = r.err;
 out:
@@ -581,77 +873,114 @@ int weft__op_run(struct weft_comm *c, weft__op *op)
 
     for (int l = 0; l < op->nlanes; l++)
         if (op->lanes[l].steps == NULL)
-            rc = weft__set_error(c, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank, op->name);
+            rc = weft__note(c, WEFT_ENOMEM, "rank %d: %s: out of memory",
+                            c->rank, op->name);
     if (rc == WEFT_OK)
         rc = weft__engine_run(c, op);
     op_free_steps(op);
     return rc;
 }
 
-/* ---- relayed point to point ---- */
+/* ---- relayed point to point ----
+ *
+ * A message to a rank with no wires to this one goes around the ring
+ * through the transport's relay, as two relayed messages: its header (the
+ * same as a wire's, with the pair's message number and the length), then
+ * its bytes. The receiver checks the header before it takes a byte, so a
+ * relayed send and receive are matched exactly as direct ones are. */
 
 typedef struct {
-    weft__xfer x; /* first: the transport hands this back */
+    weft__xfer x;
     int done;
 } relay_xfer;
 
 typedef struct {
-    const relay_xfer *rx;
+    struct weft_comm *c;
+    int err;
     int dst, src;
-} relay_wait;
+    uint8_t shdr[HDR_BYTES], rhdr[HDR_BYTES];
+    ophdr want;
+    relay_xfer sh, sx, rh, rx; /* header and bytes, each way */
+} relay_pass;
 
 static void describe_relay(const void *arg, char *out, size_t outlen)
 {
-    const relay_wait *w = arg;
+    const relay_pass *p = arg;
 
-    snprintf(out, outlen, "a message relayed %s rank %d",
-             w->rx->done ? "to" : "from", w->rx->done ? w->dst : w->src);
+    if (!p->rx.done)
+        snprintf(out, outlen, "a message relayed from rank %d", p->src);
+    else
+        snprintf(out, outlen, "a message relayed to rank %d to leave",
+                 p->dst);
 }
 
 static void relay_done(weft__xfer *x)
 {
-    ((relay_xfer *)x)->done = 1;
+    container_of(x, relay_xfer, x)->done = 1;
+}
+
+static void relay_hdr_done(weft__xfer *x)
+{
+    relay_pass *p = container_of(x, relay_pass, rh.x);
+
+    p->rh.done = 1;
+    hdr_check(p->c, &p->err, p->rhdr, &p->want, p->src, -1);
+}
+
+static int relay_post(struct weft_comm *c, int is_send, int peer,
+                      relay_xfer *rx, void *buf, size_t len,
+                      void (*done)(weft__xfer *))
+{
+    rx->x.done = done;
+    rx->x.buf = buf;
+    rx->x.len = len;
+    return is_send ? c->tpo->relay_send(c->tp, peer, &rx->x)
+                   : c->tpo->relay_recv(c->tp, peer, &rx->x);
 }
 
 int weft__engine_relay(struct weft_comm *c, const char *name,
                        const void *sendbuf, int dst, void *recvbuf, int src,
                        size_t nbytes, weft__op *direct)
 {
-    relay_xfer sx, rx;
-    uint64_t deadline;
+    relay_pass p;
     int rc = WEFT_OK;
 
-    memset(&sx, 0, sizeof sx);
-    memset(&rx, 0, sizeof rx);
-    sx.done = dst < 0;
-    rx.done = src < 0;
+    memset(&p, 0, sizeof p);
+    p.c = c;
+    p.dst = dst;
+    p.src = src;
+    p.sh.done = p.sx.done = dst < 0;
+    p.rh.done = p.rx.done = src < 0;
     if (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL) {
-        snprintf(c->errmsg, sizeof c->errmsg,
-                 "rank %d: %s: no wires to rank %d, and the %s transport "
-                 "cannot relay",
-                 c->rank, name, dst >= 0 ? dst : src, c->tpo->name);
-        rc = WEFT_ENOTSUP;
+        rc = weft__note(c, WEFT_ENOTSUP,
+                        "rank %d: %s: no wires to rank %d, and the %s "
+                        "transport cannot relay",
+                        c->rank, name, dst >= 0 ? dst : src, c->tpo->name);
         goto free_op;
     }
-    sx.x.done = rx.x.done = relay_done;
-    sx.x.buf = (char *)sendbuf;
-    sx.x.len = nbytes;
-    rx.x.buf = recvbuf;
-    rx.x.len = nbytes;
-    if (dst >= 0)
-        rc = c->tpo->relay_send(c->tp, dst, &sx.x);
-    if (rc == 0 && src >= 0)
-        rc = c->tpo->relay_recv(c->tp, src, &rx.x);
-    /* The half that has wires of its own runs meanwhile; the transport
-     * relays while it progresses. */
+    if (dst >= 0) {
+        ophdr h = hdr_make(c, 0, TAG_RELAY, c->send_seq[dst]++, nbytes);
+        hdr_encode(p.shdr, &h);
+        rc = relay_post(c, 1, dst, &p.sh, p.shdr, HDR_BYTES, relay_done);
+        if (rc == 0)
+            rc = relay_post(c, 1, dst, &p.sx, (void *)(uintptr_t)sendbuf,
+                            nbytes, relay_done);
+    }
+    if (rc == 0 && src >= 0) {
+        p.want = hdr_make(c, 0, TAG_RELAY, c->recv_seq[src]++, nbytes);
+        rc = relay_post(c, 0, src, &p.rh, p.rhdr, HDR_BYTES, relay_hdr_done);
+        if (rc == 0)
+            rc = relay_post(c, 0, src, &p.rx, recvbuf, nbytes, relay_done);
+    }
+    /* The half that has wires of its own runs meanwhile, under the same
+     * deadline; the transport relays while it progresses. */
     if (rc == 0 && direct != NULL)
         rc = weft__engine_run(c, direct);
-    deadline = weft__now_ms() + (uint64_t)c->timeout_ms;
-    {
-        relay_wait w = {&rx, dst, src};
-        while (rc == 0 && !(sx.done && rx.done))
-            wait_once(c, name, deadline, describe_relay, &w, &rc);
-    }
+    while (rc == 0 && p.err == 0 &&
+           !(p.sh.done && p.sx.done && p.rh.done && p.rx.done))
+        wait_once(c, name, c->call.deadline_ms, describe_relay, &p, &rc);
+    if (rc == 0)
+        rc = p.err;
     if (rc != 0)
         op_failed(c, rc);
 free_op:

@@ -51,8 +51,16 @@ typedef struct {
 _Static_assert(WEFT__MAX_LANES >= WEFT__MESH_MAX_RANKS - 1,
                "a mesh needs one lane per peer");
 
+/* Which peers a collective pass compares its call with (besides those it
+ * moves data to or from, which it always does, both ways): none more, its
+ * two ring neighbours, or every peer. Every rank of a pass must name a set
+ * that does not depend on the call's arguments (root, count), so that
+ * ranks whose calls differ still meet and see it. */
+enum { WEFT__CHECK_LANES = 0, WEFT__CHECK_RING, WEFT__CHECK_ALL };
+
 typedef struct {
     int kind;
+    int check;        /* WEFT__CHECK_* */
     const char *name; /* for messages: "all_reduce", ... */
     weft_dtype dtype;
     weft_redop redop;
@@ -61,9 +69,11 @@ typedef struct {
     weft__lane lanes[WEFT__MAX_LANES];
 } weft__op;
 
-/* Runs op to completion under c's deadline. On failure the communicator is
- * failed (c->failed), the transport is shut down so that no frame refers to
- * the caller's buffers, and c's error message names the cause. */
+/* Runs op to completion as one pass of the call in progress (c->call):
+ * under the call's one deadline, with headers that carry what the call
+ * must match on every rank. On failure the communicator is failed (its
+ * error record holds the first cause), and the transport is shut down so
+ * that no frame refers to the caller's buffers. */
 int weft__engine_run(struct weft_comm *c, const weft__op *op);
 
 /* Builds an operation: op_init clears it, op_steps gives lane `lane`

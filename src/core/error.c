@@ -79,17 +79,45 @@ void weft__log(int level, int rank, const char *fmt, ...)
     fprintf(stderr, "%s\n", line);
 }
 
+int weft__vfail(weft__errsink *s, int err, const char *fmt, va_list ap)
+{
+    if (s->code != 0)
+        return s->code; /* the first cause is the one worth keeping */
+    vsnprintf(s->msg, sizeof s->msg, fmt, ap);
+    s->code = err;
+    weft__log(WEFT__LOG_INFO, s->rank, "%s: %s", weft_err_name(err), s->msg);
+    return err;
+}
+
+int weft__fail(weft__errsink *s, int err, const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = weft__vfail(s, err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
 int weft__set_error(struct weft_comm *c, int err, const char *fmt, ...)
 {
     va_list ap;
+    int rc;
 
-    if (c->errmsg[0] != '\0' && c->failed != 0)
-        return err; /* the first cause is the one worth keeping */
+    va_start(ap, fmt);
+    rc = weft__vfail(&c->fail, err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int weft__note(struct weft_comm *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+
     va_start(ap, fmt);
     vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
     va_end(ap);
-    weft__log(WEFT__LOG_INFO, c->rank, "%s: %s", weft_err_name(err),
-              c->errmsg);
     return err;
 }
 
@@ -107,16 +135,13 @@ uint64_t weft__now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void weft__tp_fail(struct weft_comm *c, int *tp_err, int err, const char *fmt,
+void weft__tp_fail(weft__errsink *sink, int *tp_err, int err, const char *fmt,
                    va_list ap)
 {
-    char msg[WEFT__ERRMSG_LEN];
-
     if (*tp_err != 0)
         return;
-    vsnprintf(msg, sizeof msg, fmt, ap);
     *tp_err = err;
-    weft__set_error(c, err, "%s", msg);
+    weft__vfail(sink, err, fmt, ap);
 }
 
 void weft__sigpipe_block(weft__sigpipe_state *st)

@@ -112,26 +112,66 @@ int weft__config_rank_port(const weft__config *cfg, int r);
 struct weft__tp;
 struct weft__engine;
 
+/* Where failures are recorded: code and text together, the first cause
+ * wins and is never overwritten by its consequences (a peer that closes
+ * its wires after it found a mismatch, say). A communicator has one; the
+ * engine and the transports report into the one they are given. */
+typedef struct weft__errsink {
+    int code; /* 0 until the first failure */
+    int rank; /* for the log line */
+    char msg[WEFT__ERRMSG_LEN];
+} weft__errsink;
+
+/* Records a failure in s unless one is there already, and logs it once.
+ * Returns the code s holds afterwards (the first cause's). */
+int weft__fail(weft__errsink *s, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int weft__vfail(weft__errsink *s, int err, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+/* What every engine pass of the public call in progress shares, fixed once
+ * when the call starts: its one deadline, and what ranks must agree on for
+ * their calls to match (each pass's headers carry it). */
+typedef struct weft__call {
+    uint64_t deadline_ms; /* weft__now_ms() clock */
+    const char *name;     /* "all_reduce", ... for messages */
+    int kind;             /* WEFT__OP_* (engine.h) */
+    int dtype;
+    int redop;            /* -1 where the call has none */
+    int root;             /* -1 where the call has none */
+    uint64_t count;
+    uint64_t seq;  /* collectives: the communicator's count of them */
+    int passes;    /* engine passes run so far */
+} weft__call;
+
 struct weft_comm {
     weft__config cfg;
     int rank;
     int nranks;
     int timeout_ms;
-    int failed; /* first error that failed the communicator, 0 if none */
+    weft__errsink fail; /* the first failure; the communicator is failed
+                           once fail.code != 0 */
     atomic_int aborted;
-    char errmsg[WEFT__ERRMSG_LEN];
+    char errmsg[WEFT__ERRMSG_LEN]; /* last non-failing error (bad args) */
+    weft__call call;
+    uint64_t coll_seq;  /* collectives started on this communicator */
     struct weft__tp *tp;
     const struct weft__tp_ops *tpo;
     struct weft__engine *eng;
-    uint32_t *send_seq; /* per peer: operations that sent to it */
-    uint32_t *recv_seq; /* per peer: operations that received from it */
+    uint32_t *send_seq; /* per peer: point-to-point sends to it */
+    uint32_t *recv_seq; /* per peer: point-to-point receives from it */
     void *scratch;      /* grown on demand for algorithms that need it */
     size_t scratch_bytes;
 };
 
-/* Records err with a formatted message on c (the first failure wins for
- * the message unless overwrite is set) and logs it once. Returns err. */
+/* Records err on c's error record (the first failure wins) and returns
+ * the code the record holds. */
 int weft__set_error(struct weft_comm *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* An error that does not fail c (a bad argument, found before anything
+ * moved): its text becomes weft_last_error(c) unless c has failed. */
+int weft__note(struct weft_comm *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Logging to stderr, prefixed with the rank. Level from WEFT_LOG
@@ -147,9 +187,9 @@ uint64_t weft__now_ms(void);
 uint64_t weft__now_ns(void);
 
 /* A transport's first failure: where *tp_err is still 0, sets it to err
- * and records the message on c (weft__set_error); later failures, which
+ * and records the message in sink (weft__fail); later failures, which
  * are consequences of the first, are dropped. */
-void weft__tp_fail(struct weft_comm *c, int *tp_err, int err, const char *fmt,
+void weft__tp_fail(weft__errsink *sink, int *tp_err, int err, const char *fmt,
                    va_list ap) __attribute__((format(printf, 4, 0)));
 
 /* Writes to a socket whose peer vanished raise SIGPIPE, which would kill

@@ -25,6 +25,9 @@ static int exchange(struct weft_comm *c, int kind, const char *name,
     weft__op op;
 
     weft__op_init(&op, kind, name, dt, redop);
+    /* Every peer, whether or not this rank exchanges data with it: the
+     * root of a broadcast, say, depends on the call. */
+    op.check = WEFT__CHECK_ALL;
     for (int p = 0; p < c->nranks; p++) {
         weft__lane *ln = &op.lanes[op.nlanes];
         weft__step *st;

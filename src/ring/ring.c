@@ -80,6 +80,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     if (count * es * (size_t)n <= c->cfg.small_all_reduce_bytes)
         return all_reduce_small(c, sendbuf, recvbuf, count, dt, redop);
     weft__op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
+    op.check = WEFT__CHECK_RING;
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d reduces elements [lane_off, lane_off + m). */
@@ -128,6 +129,7 @@ int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
     if ((const char *)sendbuf != rb + (size_t)c->rank * bytes)
         memmove(rb + (size_t)c->rank * bytes, sendbuf, bytes);
     weft__op_init(&op, kind, name, dt, WEFT_SUM);
+    op.check = WEFT__CHECK_RING;
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
         /* Lane d moves elements [lane_off, lane_off + m) of every block. */
@@ -176,6 +178,7 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
     if ((rc = weft__scratch(c, bytes * (size_t)n, (void **)&scratch)) != 0)
         return rc;
     weft__op_init(&op, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dt, redop);
+    op.check = WEFT__CHECK_RING;
     op.nlanes = lanes_for(c, bytes * (size_t)n);
     for (int d = 0; d < op.nlanes; d++) {
         size_t m =
@@ -224,6 +227,7 @@ int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
     /* A pipelined chain from the root; with two lanes, one chain each way
      * around the ring, each carrying half of the buffer. */
     weft__op_init(&op, WEFT__OP_BROADCAST, "broadcast", dt, WEFT_SUM);
+    op.check = WEFT__CHECK_RING;
     op.nlanes = lanes_for(c, count * es);
     for (int d = 0; d < op.nlanes; d++) {
         size_t m = op.nlanes == 1 ? count : weft__plan_chunk(count, 2, d).len;

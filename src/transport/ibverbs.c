@@ -154,6 +154,10 @@ typedef struct {
 struct ib_tp {
     struct weft_comm *c;
     weft__tp *tcp;
+    /* The TCP side's failures land here first: a peer's close on it
+     * counts only once what the peer wrote before has been handed over
+     * (poll_once), and only then reaches the communicator (boot_forward). */
+    weft__errsink boot;
     int rank;
     int nranks;
     int wires; /* per link */
@@ -186,8 +190,17 @@ static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    weft__tp_fail(tp->c, &tp->err, err, fmt, ap);
+    weft__tp_fail(&tp->c->fail, &tp->err, err, fmt, ap);
     va_end(ap);
+}
+
+/* The TCP side's failure, once it stands, on the communicator's record
+ * (where a failure of this transport's own may already be). Returns err. */
+static int boot_forward(ib_tp *tp, int err)
+{
+    if (err != 0 && tp->boot.code != 0)
+        weft__fail(&tp->c->fail, tp->boot.code, "%s", tp->boot.msg);
+    return err;
 }
 
 static const char *link_name(const ib_wire *w, char *buf, size_t len)
@@ -1109,9 +1122,17 @@ static int ib_block(ib_tp *tp, uint64_t deadline_ms)
     return tp->err;
 }
 
+static int ib_progress_once(ib_tp *tp, uint64_t deadline_ms);
+
 static int ib_progress(weft__tp *t, uint64_t deadline_ms)
 {
     ib_tp *tp = (ib_tp *)t;
+
+    return boot_forward(tp, ib_progress_once(tp, deadline_ms));
+}
+
+static int ib_progress_once(ib_tp *tp, uint64_t deadline_ms)
+{
     unsigned ev = tp->events;
     int rc;
 
@@ -1152,7 +1173,7 @@ static int ib_progress(weft__tp *t, uint64_t deadline_ms)
 static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
 {
     if (tp->err != 0)
-        return tp->err;
+        return boot_forward(tp, tp->err);
     if (tp->shut)
         return WEFT_EABORTED;
     if (p < 0 || p >= tp->nranks || wi < 0 || wi >= tp->peers[p].nwires)
@@ -1861,10 +1882,12 @@ static int ib_create_guarded(ib_tp *tp)
     uint64_t deadline;
     int rc, ndev = 0;
 
-    if ((rc = weft__tcp_create_wires(c, 1, &tp->tcp)) != 0)
-        return rc;
-    /* The connect deadline covers the TCP wires and this set-up alike. */
-    deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
+    tp->boot.rank = tp->rank;
+    if ((rc = weft__tcp_create_wires(c, 1, &tp->boot, &tp->tcp)) != 0)
+        return boot_forward(tp, rc);
+    /* weft_init's one deadline covers the TCP wires and this set-up
+     * alike. */
+    deadline = c->call.deadline_ms;
     tp->devlist = ibv_get_device_list(&tp->ndevices);
     if (tp->devlist == NULL)
         return weft__set_error(c, WEFT_ECONFIG,
@@ -1923,7 +1946,7 @@ static int ib_create(struct weft_comm *c, weft__tp **out)
     tp->rq_depth = 2 * tp->slots + 4;
     tp->spin_ns = (uint64_t)c->cfg.spin_us * 1000u;
     weft__sigpipe_block(&sp);
-    rc = ib_create_guarded(tp);
+    rc = boot_forward(tp, ib_create_guarded(tp));
     weft__sigpipe_restore(&sp);
     if (rc != 0) {
         if (tp->err == 0)

@@ -11,7 +11,25 @@
  * Receives land directly in the buffer of the oldest posted frame of the
  * wire (libuv's alloc callback hands out exactly the bytes that frame still
  * needs), so a stream never spills one operation's bytes into another's
- * buffer. A wire reads only while it has a posted receive.
+ * buffer. Bytes that arrive before their receive is posted wait in a
+ * read-ahead buffer.
+ *
+ * Liveness: every wire reads from the moment it is up, so a peer's close
+ * (or reset) is noticed whenever this rank runs progress(), not only while
+ * it waits to receive. What the peer sent before it closed is still handed
+ * to the receives that want it; the close counts (WEFT_EPEER) once a
+ * receive wants more than arrived, or a send is posted to that peer. A
+ * send to a wire with no receive posted on it first looks for news on
+ * every wire (one non-blocking turn of the loop), so a send to a peer that
+ * left long ago fails instead of vanishing into the kernel's buffer.
+ *
+ * Set-up: a connection that breaks before both ends are up is tried again
+ * until the connect deadline: the other end may be the peer's previous
+ * communicator, still alive and holding the port, which rejects it (its
+ * slots are taken) or lets it sit in its backlog (the answer is awaited
+ * HANDSHAKE_MS, then the connection is tried again). A communicator that
+ * failed stops listening at once, so the peer's new one is refused until
+ * the process binds the port anew.
  *
  * Everything runs on the calling thread inside progress(); there is no
  * background thread. weft_abort() reaches a blocked progress() through a
@@ -32,9 +50,11 @@
 
 #define HELLO_MAGIC 0x54464557u /* "WEFT" */
 #define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
-#define HELLO_VERSION 1u
+#define HELLO_VERSION 2u
 #define HELLO_BYTES 40
 #define REPLY_BYTES 8
+#define ACK_MAGIC 0x4b414657u /* "WFAK" */
+#define ACK_BYTES 4
 #define LINK_LOOPBACK 0xffffffffu
 #define LINK_RELAY 0xfffffffeu /* the relay connection to a neighbour */
 #define RELAY_MAGIC 0x4c524657u /* "WFRL" */
@@ -47,7 +67,19 @@
 
 typedef struct tcp_tp tcp_tp;
 
-enum { CONN_HELLO_WAIT, CONN_CONNECTING, CONN_REPLY_WAIT, CONN_UP };
+/* A connection's set-up: the dialling side connects, sends its hello and
+ * waits for the answer (REPLY_WAIT), then acknowledges it and is up; the
+ * listening side waits for the hello, claims the slot it names, answers,
+ * and is up once the acknowledgement arrives (ACK_WAIT). Only a connection
+ * that breaks before it is up on its side is tried again (or its slot
+ * freed): once up, a close is the peer leaving, as on any wire. */
+enum {
+    CONN_HELLO_WAIT,
+    CONN_CONNECTING,
+    CONN_REPLY_WAIT,
+    CONN_ACK_WAIT,
+    CONN_UP
+};
 
 typedef struct conn {
     uv_tcp_t h;
@@ -57,11 +89,13 @@ typedef struct conn {
     int wire;
     int reading;
     int closing;
-    uint64_t deadline_ms; /* handshake deadline for accepted connections */
+    uint64_t deadline_ms; /* handshake deadline (hello or answer) */
     uint8_t hbuf[HELLO_BYTES];
     size_t hgot;
     uint8_t out[HELLO_BYTES]; /* hello or reply being written */
     uv_write_t hreq;
+    uv_write_t areq; /* the acknowledgement (dialling side) */
+    uint8_t ack[ACK_BYTES];
     uv_connect_t creq;
     weft__xfer *rq_head; /* posted receives, oldest first */
     weft__xfer *rq_tail;
@@ -98,6 +132,7 @@ typedef struct {
     uint64_t next_try_ms;
     int connecting;
     int relay; /* the relay connection, not a data wire */
+    conn *trying; /* outgoing: the connection in set-up, if any */
     conn *c;
 } slot;
 
@@ -117,6 +152,7 @@ typedef struct wreq {
 
 /* A relayed chunk: header fields and its bytes (owned). */
 typedef struct rchunk {
+    int dir; /* passing through: the direction it goes on in */
     uint32_t src, dst, len;
     uint64_t total;
     char *data;
@@ -142,8 +178,10 @@ struct tcp_tp {
     uv_timer_t housekeep; /* connect retries and handshake deadlines */
     uv_async_t async;
     struct weft_comm *c;
+    weft__errsink *sink; /* where failures are recorded */
     int rank;
     int nranks;
+    int probe;  /* a send went to a wire with no receive posted */
     peer *peers;
     conn *pending;
     int nopen;    /* connections not yet closed */
@@ -158,6 +196,9 @@ struct tcp_tp {
      * receive was posted, and the posted relay receives, oldest first. */
     slot *relay[2];
     struct rchunk *rpending;
+    /* Chunks passing through, to write once uv_run has returned (writes
+     * from inside it would escape the SIGPIPE guard), oldest first. */
+    struct rchunk *fwd_head, *fwd_tail;
     weft__xfer *rrecv;
     int relay_ready; /* posted receives may match pending chunks */
     unsigned events; /* completions and wake-ups, for spinning */
@@ -241,8 +282,24 @@ static void tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    weft__tp_fail(tp->c, &tp->err, err, fmt, ap);
+    weft__tp_fail(tp->sink, &tp->err, err, fmt, ap);
     va_end(ap);
+}
+
+/* A connection's error as weft's code: a peer that closed or reset it is
+ * WEFT_EPEER, whichever call noticed; anything else is the transport's. */
+static int conn_err_code(int uverr)
+{
+    switch (uverr) {
+    case UV_EOF:
+    case UV_EPIPE:
+    case UV_ECONNRESET:
+    case UV_ECONNABORTED:
+    case UV_ENOTCONN:
+        return WEFT_EPEER;
+    default:
+        return WEFT_ETRANSPORT;
+    }
 }
 
 static void conn_close_cb(uv_handle_t *h)
@@ -307,6 +364,10 @@ static void tune_socket(conn *k)
 
 /* ---- the data path ---- */
 
+static void slot_lost(conn *k, const char *why);
+static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
 static void rx_fail(conn *k)
 {
     tcp_tp *tp = k->tp;
@@ -317,12 +378,21 @@ static void rx_fail(conn *k)
                  "receiving",
                  tp->rank, k->peer, k->wire, k->name);
     else
-        tcp_fail(tp,
-                 k->rx_end == UV_ECONNRESET || k->rx_end == UV_EPIPE
-                     ? WEFT_EPEER
-                     : WEFT_ETRANSPORT,
+        tcp_fail(tp, conn_err_code(k->rx_end),
                  "rank %d: receive from peer %d on wire %d (%s) failed: %s",
                  tp->rank, k->peer, k->wire, k->name, uv_strerror(k->rx_end));
+}
+
+/* A send to a peer whose end of the wire has closed (or reset): it can
+ * never be received. */
+static void tx_closed(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    tcp_fail(tp, WEFT_EPEER,
+             "rank %d: peer %d %s wire %d (%s) before this rank sent to it",
+             tp->rank, k->peer, k->rx_end == UV_EOF ? "closed" : "reset",
+             k->wire, k->name);
 }
 
 /* Pops the head receive, complete, and runs its completion. */
@@ -363,6 +433,18 @@ static void rx_drain(conn *k)
      * had to before it left. */
     if (k->rq_head != NULL && k->rx_lo == k->rx_hi && k->rx_end != 0)
         rx_fail(k);
+    /* Reading stopped on a full read-ahead: there is room again. */
+    if (!k->reading && k->rx_end == 0 && k->rx_hi < RX_CAP && !k->closing &&
+        tp->err == 0) {
+        int rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb,
+                               data_read_cb);
+        if (rc != 0)
+            tcp_fail(tp, WEFT_ETRANSPORT,
+                     "rank %d: cannot read from peer %d wire %d: %s",
+                     tp->rank, k->peer, k->wire, uv_strerror(rc));
+        else
+            k->reading = 1;
+    }
 }
 
 static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -371,6 +453,12 @@ static void data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     weft__xfer *x = k->rq_head;
 
     (void)suggested;
+    if (k->rxb == NULL && (k->rxb = malloc(RX_CAP)) == NULL) {
+        /* libuv then reports UV_ENOBUFS to data_read_cb. */
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
     if (x != NULL && k->rx_lo == k->rx_hi && x->len >= RX_DIRECT_MIN) {
         /* Large frames land in place, with no copy, to their last byte. */
         k->rx_direct = 1;
@@ -428,13 +516,24 @@ static void data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         }
         return;
     }
-    if (nread == 0 || nread == UV_ENOBUFS)
-        return; /* EAGAIN; ENOBUFS cannot happen: rxb always has room */
+    if (nread == 0)
+        return; /* EAGAIN */
     uv_read_stop(s);
     k->reading = 0;
+    if (nread == UV_ENOBUFS && k->rxb != NULL)
+        return; /* full: a post_recv reads again once rx_drain empties it */
+    if (nread == UV_ENOBUFS) {
+        tcp_fail(tp, WEFT_ENOMEM,
+                 "rank %d: no memory for the read-ahead of wire %d to peer "
+                 "%d",
+                 tp->rank, k->wire, k->peer);
+        return;
+    }
+    /* Noted, not yet a failure: the bytes the peer sent before it left
+     * are handed over first (rx_drain), and the close counts once a
+     * receive wants more or a send is posted to it. */
     k->rx_end = (int)nread;
-    if (k->rq_head != NULL)
-        rx_fail(k);
+    rx_drain(k);
 }
 
 /* Runs the completions of a batch that has left, in order. */
@@ -471,9 +570,7 @@ static void data_write_cb(uv_write_t *req, int status)
     if (tp->shut)
         return;
     if (status < 0) {
-        tcp_fail(tp,
-                 status == UV_EPIPE || status == UV_ECONNRESET ? WEFT_EPEER
-                                                               : WEFT_ETRANSPORT,
+        tcp_fail(tp, conn_err_code(status),
                  "rank %d: send to peer %d on wire %d (%s) failed: %s",
                  tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
         return;
@@ -509,6 +606,10 @@ static void tcp_flush(tcp_tp *tp)
         k->dirty_next = NULL;
         if (x == NULL || k->closing)
             continue;
+        if (k->rx_end != 0) {
+            tx_closed(k);
+            return;
+        }
         r = tp->free_wreqs;
         if (r != NULL)
             tp->free_wreqs = r->next;
@@ -556,7 +657,7 @@ static void tcp_flush(tcp_tp *tp)
         if (rc != 0) {
             r->next = tp->free_wreqs;
             tp->free_wreqs = r;
-            tcp_fail(tp, rc == UV_EPIPE ? WEFT_EPEER : WEFT_ETRANSPORT,
+            tcp_fail(tp, conn_err_code(rc),
                      "rank %d: send to peer %d on wire %d (%s) failed: %s",
                      tp->rank, k->peer, k->wire, k->name, uv_strerror(rc));
             return;
@@ -580,9 +681,8 @@ static int post_target(tcp_tp *tp, int p, int w, conn **out)
     if (tp->err != 0)
         return tp->err;
     if (k == NULL || k->closing)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: no wire %d to peer %d", tp->rank, w,
-                               p);
+        return weft__fail(tp->sink, WEFT_ETRANSPORT,
+                          "rank %d: no wire %d to peer %d", tp->rank, w, p);
     *out = k;
     return WEFT_OK;
 }
@@ -595,6 +695,15 @@ static int tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x)
 
     if (rc != 0)
         return rc;
+    if (k->rx_end != 0) {
+        tx_closed(k);
+        return tp->err;
+    }
+    /* With no receive posted on the wire, nothing would reveal that the
+     * peer has gone before the bytes vanish into the kernel's buffer:
+     * progress() first looks for news. */
+    if (k->rq_head == NULL)
+        tp->probe = 1;
     /* Queued, not written: progress() writes what a pump posted at once. */
     weft__xq_push(&k->sq_head, &k->sq_tail, x);
     mark_dirty(tp, k);
@@ -610,9 +719,9 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
     if (rc != 0)
         return rc;
     if (k->rxb == NULL && (k->rxb = malloc(RX_CAP)) == NULL)
-        return weft__set_error(tp->c, WEFT_ENOMEM,
-                               "rank %d: no memory for a receive buffer",
-                               tp->rank);
+        return weft__fail(tp->sink, WEFT_ENOMEM,
+                          "rank %d: no memory for a receive buffer",
+                          tp->rank);
     x->got = 0;
     weft__xq_push(&k->rq_head, &k->rq_tail, x);
     /* Read-ahead (or the stream's end) is handed out by progress(), since
@@ -638,7 +747,53 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
 /* ---- handshake ---- */
 
 static void housekeep_cb(uv_timer_t *t);
-static void relay_up(conn *k);
+static void conn_up(conn *k);
+
+static void housekeep_start(tcp_tp *tp)
+{
+    if (!uv_is_active((uv_handle_t *)&tp->housekeep) && !tp->shut)
+        uv_timer_start(&tp->housekeep, housekeep_cb, RETRY_MS, RETRY_MS);
+}
+
+/* An outgoing connection in set-up broke (why): it is closed and tried
+ * again after RETRY_MS, until the connect deadline. */
+static void retry_later(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+
+    weft__log(WEFT__LOG_DEBUG, tp->rank,
+              "wire %d to peer %d (%s): %s; trying again", k->wire, k->peer,
+              k->name, why);
+    if (s->trying == k)
+        s->trying = NULL;
+    if (s->c == k)
+        s->c = NULL;
+    s->connecting = 0;
+    s->next_try_ms = weft__now_ms() + RETRY_MS;
+    conn_close(k);
+    housekeep_start(tp);
+}
+
+/* A wire that was up (or claimed) lost its connection before set-up was
+ * over: the slot is free again, for the peer's next attempt (accepted) or
+ * ours (outgoing). */
+static void slot_lost(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+
+    if (s->outgoing) {
+        retry_later(k, why);
+        return;
+    }
+    weft__log(WEFT__LOG_DEBUG, tp->rank,
+              "wire %d from peer %d (%s) went away during set-up: %s",
+              k->wire, k->peer, k->name, why);
+    if (s->c == k)
+        s->c = NULL;
+    conn_close(k);
+}
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -688,7 +843,9 @@ static void reject(conn *k, const char *why)
 static void hs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn *k = h->data;
-    size_t want = k->state == CONN_HELLO_WAIT ? HELLO_BYTES : REPLY_BYTES;
+    size_t want = k->state == CONN_HELLO_WAIT  ? HELLO_BYTES
+                  : k->state == CONN_ACK_WAIT ? ACK_BYTES
+                                              : REPLY_BYTES;
 
     (void)suggested;
     /* Exactly the handshake: bytes after it belong to the data path. */
@@ -704,16 +861,9 @@ static void reply_write_cb(uv_write_t *req, int status)
     write_done(tp);
     if (k->closing || tp->shut)
         return;
-    if (status < 0) {
-        /* The slot was claimed: losing it now is a failure of the job. */
-        tcp_fail(tp, WEFT_EPEER,
-                 "rank %d: peer %d wire %d (%s) closed during the handshake: "
-                 "%s",
-                 tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
-        return;
-    }
-    k->state = CONN_UP;
-    relay_up(k);
+    if (status < 0 && k->state == CONN_ACK_WAIT)
+        /* The peer gave the attempt up: it tries again. */
+        slot_lost(k, uv_strerror(status));
 }
 
 /* An accepted connection's hello is complete: check and place it. */
@@ -744,10 +894,13 @@ static void hello_done(conn *k)
     if (s->c != NULL)
         return reject(k, "hello names a wire that is already connected");
     pending_remove(tp, k);
-    uv_read_stop((uv_stream_t *)&k->h);
     k->peer = (int)from;
     k->wire = (int)(s - tp->peers[from].s);
     s->c = k;
+    /* Read on: the acknowledgement comes next, HANDSHAKE_MS at most. */
+    k->state = CONN_ACK_WAIT;
+    k->hgot = 0;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
     tune_socket(k);
     put32(k->out, REPLY_MAGIC);
     put32(k->out + 4, (uint32_t)tp->rank);
@@ -755,14 +908,23 @@ static void hello_done(conn *k)
     k->hreq.data = k;
     if (tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
                   reply_write_cb) != 0)
-        tcp_fail(tp, WEFT_EPEER, "rank %d: cannot answer peer %u wire %d",
-                 tp->rank, from, k->wire);
+        slot_lost(k, "cannot answer its hello");
+}
+
+static void ack_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+
+    /* A failure shows on the wire's reads (the peer closed or reset). */
+    (void)status;
+    write_done(k->tp);
 }
 
 static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     conn *k = st->data;
     tcp_tp *tp = k->tp;
+    uv_buf_t b;
 
     (void)buf;
     if (nread == 0)
@@ -771,9 +933,15 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (k->state == CONN_HELLO_WAIT)
             return reject(k, nread == UV_EOF ? "closed before its hello"
                                              : uv_strerror((int)nread));
-        tcp_fail(tp, WEFT_EPEER,
-                 "rank %d: peer %d (%s) closed wire %d during the handshake",
-                 tp->rank, k->peer, k->name, k->wire);
+        if (k->state == CONN_ACK_WAIT)
+            return slot_lost(k, nread == UV_EOF
+                                    ? "closed before it acknowledged"
+                                    : uv_strerror((int)nread));
+        /* Closed or reset before it answered: the listener may be the
+         * peer's previous communicator, which rejects us or is going
+         * away. Its next one will answer. */
+        retry_later(k, nread == UV_EOF ? "closed before it answered"
+                                       : uv_strerror((int)nread));
         return;
     }
     k->hgot += (size_t)nread;
@@ -783,6 +951,16 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             return reject(k, "not a weft hello (bad magic)");
         if (k->hgot == HELLO_BYTES)
             hello_done(k);
+        return;
+    }
+    if (k->state == CONN_ACK_WAIT) {
+        if (k->hgot < ACK_BYTES)
+            return;
+        uv_read_stop(st);
+        if (get32(k->hbuf) != ACK_MAGIC)
+            return slot_lost(k, "not a weft acknowledgement");
+        k->state = CONN_UP;
+        conn_up(k);
         return;
     }
     if (k->hgot == REPLY_BYTES) {
@@ -795,10 +973,20 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
                      tp->rank, k->name, k->wire, k->peer);
             return;
         }
+        /* Up on this side from here: the acknowledgement goes before any
+         * data, and a close from now on is the peer leaving. */
+        put32(k->ack, ACK_MAGIC);
+        b = uv_buf_init((char *)k->ack, ACK_BYTES);
+        k->areq.data = k;
+        if (tcp_write(tp, &k->areq, st, &b, 1, ack_write_cb) != 0) {
+            retry_later(k, "cannot acknowledge the answer");
+            return;
+        }
         k->state = CONN_UP;
         tp->peers[k->peer].s[k->wire].c = k;
+        tp->peers[k->peer].s[k->wire].trying = NULL;
         tp->peers[k->peer].s[k->wire].connecting = 0;
-        relay_up(k);
+        conn_up(k);
     }
 }
 
@@ -831,8 +1019,7 @@ static void on_connection(uv_stream_t *server, int status)
     k->next = tp->pending;
     tp->pending = k;
     uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb);
-    if (!uv_is_active((uv_handle_t *)&tp->housekeep))
-        uv_timer_start(&tp->housekeep, housekeep_cb, RETRY_MS, RETRY_MS);
+    housekeep_start(tp);
 }
 
 static void hello_write_cb(uv_write_t *req, int status)
@@ -840,10 +1027,9 @@ static void hello_write_cb(uv_write_t *req, int status)
     conn *k = req->data;
 
     write_done(k->tp);
-    if (status < 0 && !k->closing && !k->tp->shut)
-        tcp_fail(k->tp, WEFT_EPEER,
-                 "rank %d: hello to peer %d wire %d (%s) failed: %s",
-                 k->tp->rank, k->peer, k->wire, k->name, uv_strerror(status));
+    if (status < 0 && !k->closing && !k->tp->shut &&
+        k->state == CONN_REPLY_WAIT)
+        retry_later(k, uv_strerror(status));
 }
 
 static void connect_cb(uv_connect_t *req, int status)
@@ -857,11 +1043,7 @@ static void connect_cb(uv_connect_t *req, int status)
         return;
     if (status < 0) {
         /* The peer may not listen yet: try again until the deadline. */
-        weft__log(WEFT__LOG_DEBUG, tp->rank, "connect to %s: %s, retrying",
-                  k->name, uv_strerror(status));
-        s->connecting = 0;
-        s->next_try_ms = weft__now_ms() + RETRY_MS;
-        conn_close(k);
+        retry_later(k, uv_strerror(status));
         return;
     }
     tune_socket(k);
@@ -869,13 +1051,11 @@ static void connect_cb(uv_connect_t *req, int status)
     b = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
     k->state = CONN_REPLY_WAIT;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
     if (tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
                   hello_write_cb) != 0 ||
-        uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0) {
-        s->connecting = 0;
-        s->next_try_ms = weft__now_ms() + RETRY_MS;
-        conn_close(k);
-    }
+        uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
+        retry_later(k, "cannot send the hello");
 }
 
 static void start_connect(tcp_tp *tp, int p, int w)
@@ -900,12 +1080,10 @@ static void start_connect(tcp_tp *tp, int p, int w)
     snprintf(k->name, sizeof k->name, "%s:%d", s->addr, s->port);
     k->creq.data = k;
     s->connecting = 1;
+    s->trying = k;
     if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
-        0) {
-        s->connecting = 0;
-        s->next_try_ms = weft__now_ms() + RETRY_MS;
-        conn_close(k);
-    }
+        0)
+        retry_later(k, "cannot start connecting");
 }
 
 static void housekeep_cb(uv_timer_t *t)
@@ -928,9 +1106,21 @@ static void housekeep_cb(uv_timer_t *t)
     for (int p = 0; p < tp->nranks; p++) {
         for (int w = 0; w < tp->peers[p].nslots; w++) {
             slot *s = &tp->peers[p].s[w];
+            if (!s->outgoing && s->c != NULL && s->c->state == CONN_ACK_WAIT) {
+                busy = 1;
+                if (now >= s->c->deadline_ms)
+                    slot_lost(s->c, "no acknowledgement of the answer");
+                continue;
+            }
             if (!s->outgoing || s->c != NULL)
                 continue;
             busy = 1;
+            /* A listener that holds the hello without answering (the
+             * peer's previous communicator, with the connection in its
+             * backlog) is given HANDSHAKE_MS. */
+            if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
+                now >= s->trying->deadline_ms)
+                retry_later(s->trying, "no answer to its hello");
             if (!s->connecting && now >= s->next_try_ms && tp->err == 0)
                 start_connect(tp, p, w);
         }
@@ -1062,6 +1252,26 @@ static int relay_deliver(tcp_tp *tp, rchunk *c)
     return 1;
 }
 
+/* Writes the chunks passing through (relay_chunk), in order. */
+static void relay_forward(tcp_tp *tp)
+{
+    while (tp->fwd_head != NULL) {
+        rchunk *c = tp->fwd_head;
+        int rc;
+
+        tp->fwd_head = c->next;
+        if (tp->fwd_head == NULL)
+            tp->fwd_tail = NULL;
+        rc = relay_write(tp, c->dir, c->src, c->dst, c->data, c->len,
+                         c->total, c->data, NULL);
+        if (rc != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "cannot relay a chunk from rank %u to rank %u: %s",
+                      c->src, c->dst, weft_err_name(rc));
+        free(c);
+    }
+}
+
 /* Matches chunks kept for later against the posted receives. */
 static void relay_drain(tcp_tp *tp)
 {
@@ -1086,14 +1296,16 @@ static void relay_chunk(conn *k, rchunk *c)
     rchunk **pp;
 
     if (c->dst != (uint32_t)tp->rank) {
-        /* Passing through: on in the direction it was going. */
-        int rc = relay_write(tp, 1 - relay_dir(k), c->src, c->dst, c->data,
-                             c->len, c->total, c->data, NULL);
-        if (rc != 0)
-            weft__log(WEFT__LOG_WARN, tp->rank,
-                      "cannot relay a chunk from rank %u to rank %u: %s",
-                      c->src, c->dst, weft_err_name(rc));
-        free(c);
+        /* Passing through: on in the direction it was going, written by
+         * relay_forward once this turn of the loop is over. */
+        c->dir = 1 - relay_dir(k);
+        c->next = NULL;
+        if (tp->fwd_tail != NULL)
+            tp->fwd_tail->next = c;
+        else
+            tp->fwd_head = c;
+        tp->fwd_tail = c;
+        tp->events++;
         return;
     }
     if (relay_deliver(tp, c))
@@ -1178,18 +1390,27 @@ static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
-/* A connection came up: a relay one starts reading at once, for good. */
-static void relay_up(conn *k)
+/* A connection came up: it reads from now on, for good (a data wire
+ * into its read-ahead while no receive is posted), so that the peer's
+ * close is seen at once. */
+static void conn_up(conn *k)
 {
     tcp_tp *tp = k->tp;
+    int relay = tp->peers[k->peer].s[k->wire].relay;
+    int rc;
 
-    if (!tp->peers[k->peer].s[k->wire].relay)
-        return;
-    if (uv_read_start((uv_stream_t *)&k->h, relay_alloc_cb, relay_read_cb) !=
-        0)
+    if (relay)
+        rc = uv_read_start((uv_stream_t *)&k->h, relay_alloc_cb,
+                           relay_read_cb);
+    else
+        rc = uv_read_start((uv_stream_t *)&k->h, data_alloc_cb, data_read_cb);
+    if (rc != 0) {
         tcp_fail(tp, WEFT_ETRANSPORT,
-                 "rank %d: cannot read the relay connection to %d", tp->rank,
-                 k->peer);
+                 "rank %d: cannot read the %s connection to %d: %s",
+                 tp->rank, relay ? "relay" : "data", k->peer, uv_strerror(rc));
+        return;
+    }
+    k->reading = !relay;
 }
 
 static int tcp_relay_send(weft__tp *t, int to, weft__xfer *x)
@@ -1203,9 +1424,9 @@ static int tcp_relay_send(weft__tp *t, int to, weft__xfer *x)
     if (tp->err != 0)
         return tp->err;
     if (tp->relay[0] == NULL)
-        return weft__set_error(tp->c, WEFT_ENOTSUP,
-                               "rank %d: no wires to rank %d, and no relay",
-                               tp->rank, to);
+        return weft__fail(tp->sink, WEFT_ENOTSUP,
+                          "rank %d: no wires to rank %d, and no relay",
+                          tp->rank, to);
     x->peer = to;
     x->got = nchunks; /* writes still to complete */
     for (size_t i = 0; i < nchunks; i++) {
@@ -1233,9 +1454,9 @@ static int tcp_relay_recv(weft__tp *t, int from, weft__xfer *x)
     if (tp->err != 0)
         return tp->err;
     if (tp->relay[0] == NULL)
-        return weft__set_error(tp->c, WEFT_ENOTSUP,
-                               "rank %d: no wires to rank %d, and no relay",
-                               tp->rank, from);
+        return weft__fail(tp->sink, WEFT_ENOTSUP,
+                          "rank %d: no wires to rank %d, and no relay",
+                          tp->rank, from);
     x->peer = from;
     x->got = 0;
     x->tp_next = NULL;
@@ -1330,10 +1551,9 @@ static int plan_slots(tcp_tp *tp, int W)
         if (n == 0)
             continue;
         if (n > WEFT__MAX_WIRES)
-            return weft__set_error(tp->c, WEFT_ECONFIG,
-                                   "rank %d: %d wires to peer %d, more than "
-                                   "%d",
-                                   tp->rank, n, p, WEFT__MAX_WIRES);
+            return weft__fail(tp->sink, WEFT_ECONFIG,
+                              "rank %d: %d wires to peer %d, more than %d",
+                              tp->rank, n, p, WEFT__MAX_WIRES);
         tp->peers[p].s = calloc((size_t)n + 1, sizeof(slot));
         if (tp->peers[p].s == NULL)
             return WEFT_ENOMEM;
@@ -1410,6 +1630,11 @@ static void tcp_shutdown(weft__tp *t)
     /* No more connect retries: the slots are emptied below, and a retry
      * would open new connections while we wait for these to close. */
     uv_timer_stop(&tp->housekeep);
+    /* A failed communicator takes no more connections: the peer's next
+     * communicator must not meet this one (it is refused and tries again
+     * until this process binds the port anew). */
+    if (tp->handles && !uv_is_closing((uv_handle_t *)&tp->listener))
+        uv_close((uv_handle_t *)&tp->listener, NULL);
     for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
         for (int w = 0; w < tp->peers[p].nslots; w++) {
             conn *k = tp->peers[p].s[w].c;
@@ -1432,6 +1657,13 @@ static void tcp_shutdown(weft__tp *t)
         free(c->data);
         free(c);
     }
+    while (tp->fwd_head != NULL) {
+        rchunk *c = tp->fwd_head;
+        tp->fwd_head = c->next;
+        free(c->data);
+        free(c);
+    }
+    tp->fwd_tail = NULL;
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
     /* Close callbacks (and cancelled writes) run in the next iteration; the
@@ -1472,26 +1704,27 @@ static void tcp_destroy(weft__tp *t)
 }
 
 static int tcp_create_guarded(struct weft_comm *c, int wires,
-                              weft__tp **out);
+                              weft__errsink *sink, weft__tp **out);
 
-int weft__tcp_create_wires(struct weft_comm *c, int wires, weft__tp **out)
+int weft__tcp_create_wires(struct weft_comm *c, int wires,
+                           weft__errsink *sink, weft__tp **out)
 {
     weft__sigpipe_state sp;
     int rc;
 
     weft__sigpipe_block(&sp);
-    rc = tcp_create_guarded(c, wires, out);
+    rc = tcp_create_guarded(c, wires, sink != NULL ? sink : &c->fail, out);
     weft__sigpipe_restore(&sp);
     return rc;
 }
 
 static int tcp_create(struct weft_comm *c, weft__tp **out)
 {
-    return weft__tcp_create_wires(c, c->cfg.wires, out);
+    return weft__tcp_create_wires(c, c->cfg.wires, NULL, out);
 }
 
 static int tcp_create_guarded(struct weft_comm *c, int wires,
-                              weft__tp **out)
+                              weft__errsink *sink, weft__tp **out)
 {
     const weft__config *cfg = &c->cfg;
     tcp_tp *tp = calloc(1, sizeof *tp);
@@ -1503,12 +1736,13 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
     if (tp == NULL)
         return WEFT_ENOMEM;
     tp->c = c;
+    tp->sink = sink;
     tp->rank = c->rank;
     tp->nranks = c->nranks;
     if ((rc = plan_slots(tp, wires)) != 0)
         goto fail;
     if (uv_loop_init(&tp->loop) != 0) {
-        rc = weft__set_error(c, WEFT_ETRANSPORT, "cannot create a libuv loop");
+        rc = weft__fail(sink, WEFT_ETRANSPORT, "cannot create a libuv loop");
         goto fail;
     }
     uv_timer_init(&tp->loop, &tp->timer);
@@ -1529,17 +1763,18 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
         if (rc == 0)
             rc = uv_listen((uv_stream_t *)&tp->listener, 128, on_connection);
         if (rc != 0) {
-            rc = weft__set_error(c, WEFT_ETRANSPORT,
-                                 "rank %d: cannot listen on port %d: %s "
-                                 "(is another job using it? set \"port\" or "
-                                 "\"ports\" in %s)",
-                                 tp->rank, port, uv_strerror(rc),
-                                 cfg->hostfile[0] ? cfg->hostfile
-                                                  : "the hostfile");
+            rc = weft__fail(sink, WEFT_ETRANSPORT,
+                            "rank %d: cannot listen on port %d: %s (is "
+                            "another job using it? set \"port\" or "
+                            "\"ports\" in %s)",
+                            tp->rank, port, uv_strerror(rc),
+                            cfg->hostfile[0] ? cfg->hostfile
+                                             : "the hostfile");
             goto fail;
         }
     }
-    deadline = weft__now_ms() + (uint64_t)cfg->connect_timeout_ms;
+    /* weft_init's one deadline, whatever else set-up takes after this. */
+    deadline = c->call.deadline_ms;
     uv_timer_start(&tp->housekeep, housekeep_cb, 0, RETRY_MS);
     while (!all_up(tp)) {
         if (tp->err != 0) {
@@ -1557,10 +1792,10 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
                                                 sizeof missing - len, " %d", p);
                         break;
                     }
-            rc = weft__set_error(c, WEFT_ETIMEDOUT,
-                                 "rank %d: peers%s not connected within "
-                                 "WEFT_CONNECT_TIMEOUT_MS=%d ms",
-                                 tp->rank, missing, cfg->connect_timeout_ms);
+            rc = weft__fail(sink, WEFT_ETIMEDOUT,
+                            "rank %d: peers%s not connected within "
+                            "WEFT_CONNECT_TIMEOUT_MS=%d ms",
+                            tp->rank, missing, cfg->connect_timeout_ms);
             goto fail;
         }
         uv_timer_start(&tp->timer, timer_cb, deadline - weft__now_ms(), 0);
@@ -1596,6 +1831,8 @@ static void tcp_handoff(tcp_tp *tp)
     }
     if (tp->relay_ready && tp->err == 0)
         relay_drain(tp);
+    if (!tp->shut)
+        relay_forward(tp);
 }
 
 static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
@@ -1604,6 +1841,15 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
     unsigned ev = tp->events;
     uint64_t now;
 
+    if (tp->probe) {
+        /* A send waits to go to a wire nothing reads from: see first
+         * whether its peer has closed (tcp_post_send). */
+        tp->probe = 0;
+        tcp_run(tp, UV_RUN_NOWAIT);
+        if (tp->err != 0)
+            return tp->err;
+        ev = tp->events;
+    }
     tcp_handoff(tp);
     if (tp->err != 0)
         return tp->err;

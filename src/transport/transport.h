@@ -11,8 +11,9 @@
  * - When post_*() fails, the completion callback will never be called.
  * - The buffer of a posted frame is borrowed until its completion, or until
  *   shutdown() returns, after which no frame references any buffer.
- * - Errors (a peer that closes, a failed completion) are recorded on the
- *   communicator with weft__set_error() and returned by progress().
+ * - Errors (a peer that closes, a failed completion) are recorded in the
+ *   error record the transport was given (the first cause wins) and
+ *   returned by progress().
  * - No call raises SIGPIPE or any other signal in the process (a peer
  *   that vanished is an error like any other).
  */
@@ -89,7 +90,8 @@ extern const weft__tp_ops weft__tcp_ops;
  * bootstrap and liveness connections through these, then drives them from
  * its own progress().
  * - weft__tcp_create_wires: as weft__tcp_ops.create, with `wires`
- *   connections per link (instead of the configured WEFT_WIRES). The wires
+ *   connections per link (instead of the configured WEFT_WIRES), recording
+ *   its failures in sink (NULL: the communicator's record). The wires
  *   are numbered as create numbers them: per peer, the links joining the
  *   two hosts in hostfile order (or loopback), `wires` on each.
  * - weft__tcp_poll: one pass that never blocks: writes queued sends,
@@ -100,7 +102,8 @@ extern const weft__tp_ops weft__tcp_ops;
  *   readable when the TCP side has work, and the longest a caller may sleep
  *   on it (ms, -1: no limit; 0: call weft__tcp_poll first), as libuv's
  *   uv_backend_fd and uv_backend_timeout. wake() makes the fd readable. */
-int weft__tcp_create_wires(struct weft_comm *c, int wires, weft__tp **out);
+int weft__tcp_create_wires(struct weft_comm *c, int wires,
+                           weft__errsink *sink, weft__tp **out);
 int weft__tcp_poll(weft__tp *tp);
 int weft__tcp_fd(weft__tp *tp);
 int weft__tcp_timeout(weft__tp *tp);

@@ -374,6 +374,43 @@ int mp_write_hostfile(const char *path, const int *ports, int n)
     return 0;
 }
 
+int mp_write_hostfile_layout(const char *path, const int *ports, int n,
+                             enum mp_layout layout)
+{
+    if (layout == MP_LAYOUT_ONE_HOST)
+        return mp_write_hostfile(path, ports, n);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        mp_log("cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "{\"hosts\": [");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s{\"name\": \"h%d\", \"ranks\": 1, \"ports\": [%d]}",
+                i ? ", " : "", i, ports[i]);
+    fprintf(f, "], \"links\": [");
+    int l = 0;
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++) {
+            int ring = b == a + 1 || (a == 0 && b == n - 1);
+            if (layout == MP_LAYOUT_RING && !ring)
+                continue;
+            if (layout == MP_LAYOUT_RING && n == 2 && l > 0)
+                continue; /* two hosts: one cable */
+            fprintf(f,
+                    "%s[{\"host\": \"h%d\", \"addr\": \"127.0.%d.1\"}, "
+                    "{\"host\": \"h%d\", \"addr\": \"127.0.%d.2\"}]",
+                    l ? ", " : "", a, l + 1, b, l + 1);
+            l++;
+        }
+    fprintf(f, "]}\n");
+    if (fclose(f) != 0) {
+        mp_log("cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
 static void make_token(char out[33])
 {
     unsigned char raw[16];
@@ -629,7 +666,7 @@ int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg,
                  js.dir);
     make_token(js.token);
     if (mp_free_ports(js.ports, n + nb) != 0 ||
-        mp_write_hostfile(js.hostfile, js.ports, n) != 0 ||
+        mp_write_hostfile_layout(js.hostfile, js.ports, n, o->layout) != 0 ||
         (nb && mp_write_hostfile(js.hostfile_b, js.ports + n, nb) != 0)) {
         remove_tmp(&js);
         return -1;

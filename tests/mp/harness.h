@@ -63,8 +63,19 @@ struct mp_job {
     const pid_t *pids;      /* the ranks' pids (after_fork only) */
 };
 
+/* How the hostfile places the ranks (all on this machine either way). */
+enum mp_layout {
+    MP_LAYOUT_ONE_HOST = 0, /* one host; ranks talk over loopback */
+    /* One host per rank, linked in a ring (host i to host i+1) by loopback
+     * addresses 127.0.<link+1>.1 and .2: from 4 ranks on, some pairs have
+     * no link and reach each other through the relay. */
+    MP_LAYOUT_RING,
+    MP_LAYOUT_MESH, /* one host per rank, a link between every pair */
+};
+
 struct mp_opts {
     int nranks;             /* 1..MP_MAX_RANKS */
+    enum mp_layout layout;  /* of the hostfile (not hostfile_b) */
     int wires;              /* WEFT_WIRES; 0 means 1 */
     int timeout_ms;         /* WEFT_TIMEOUT_MS; 0 leaves it unset */
     int connect_timeout_ms; /* WEFT_CONNECT_TIMEOUT_MS; 0 leaves it unset */
@@ -200,5 +211,8 @@ int mp_free_ports(int *ports, int n);
 
 /* Writes a hostfile for n ranks on localhost with these ports. */
 int mp_write_hostfile(const char *path, const int *ports, int n);
+/* The same with the ranks placed as layout says. */
+int mp_write_hostfile_layout(const char *path, const int *ports, int n,
+                             enum mp_layout layout);
 
 #endif /* WEFT_TESTS_MP_HARNESS_H */

@@ -1,0 +1,632 @@
+/*
+ * The contract as programs written against API.md alone test it (issue 10):
+ * calls that do not match across ranks, relayed point to point checked as
+ * direct, messages that explain their code, peers that left before a send,
+ * one deadline per call however many passes it takes, and a new
+ * communicator formed while a peer still holds its old one.
+ *
+ * The only timing these tests rely on is the deadline: a call must return
+ * by its deadline plus LATE_MS; sleeps only put ranks in the order a case
+ * needs (a late rank arrives seconds after the others gave up).
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "weft.h"
+
+#define JOB_DEADLINE_MS 60000
+/* How far past its deadline a call may return: 5% and 50 ms. */
+#define LATE_MS(deadline) ((deadline) / 20 + 50)
+
+struct contract_shm {
+    int rc[MP_MAX_RANKS][4];
+    double ms[MP_MAX_RANKS][4];
+    int done[MP_MAX_RANKS];
+    char msg[MP_MAX_RANKS][256];
+};
+
+static struct contract_shm *shm(void) { return mp_shm(); }
+
+static void record(int rank, int slot, int rc, double ms, const weft_comm *c)
+{
+    shm()->rc[rank][slot] = rc;
+    shm()->ms[rank][slot] = ms;
+    if (rc != WEFT_OK && c != NULL)
+        snprintf(shm()->msg[rank], sizeof shm()->msg[rank], "%s",
+                 weft_last_error(c));
+}
+
+static void assert_passed(const struct mp_result *res, const char *what)
+{
+    char buf[1024];
+    cr_assert(mp_all_passed(res), "%s: %s", what,
+              mp_describe(res, buf, sizeof buf));
+}
+
+/* Does msg explain code rc? A mismatch must say what differed, a lost
+ * peer that it closed or reset, a deadline that it passed: never a
+ * consequence of the cause (issue 10, item 5). */
+static int msg_explains(int rc, const char *msg)
+{
+    switch (rc) {
+    case WEFT_EMISMATCH:
+        return strstr(msg, "called") != NULL ||
+               strstr(msg, "header") != NULL ||
+               strstr(msg, "message of") != NULL;
+    case WEFT_EPEER:
+        return strstr(msg, "closed") != NULL || strstr(msg, "reset") != NULL;
+    case WEFT_ETIMEDOUT:
+        return strstr(msg, "deadline") != NULL;
+    default:
+        return 1;
+    }
+}
+
+static int check_msg(const weft_comm *c, const char *what, int rc)
+{
+    const char *msg = weft_last_error(c);
+    if (rc == WEFT_OK || msg_explains(rc, msg))
+        return 0;
+    mp_log("%s returned %s but weft_last_error says: %s", what,
+           weft_err_name(rc), msg);
+    return 1;
+}
+
+static int finalize(weft_comm *c)
+{
+    int rc = weft_finalize(c);
+    if (rc != WEFT_OK)
+        mp_log("weft_finalize returned %s", weft_err_name(rc));
+    return rc != WEFT_OK;
+}
+
+/* ---- item 3: mismatched broadcast roots ---- */
+
+struct layout_case {
+    int nranks;
+    enum mp_layout layout;
+    char topology[8]; /* WEFT_TOPOLOGY (an array: Criterion copies the
+                         parameters into another process) */
+};
+
+static const char *layout_name(const struct layout_case *lc)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "%d ranks, %s, topology %s", lc->nranks,
+             lc->layout == MP_LAYOUT_ONE_HOST ? "one host"
+             : lc->layout == MP_LAYOUT_RING   ? "hosts in a ring"
+                                              : "hosts in a mesh",
+             lc->topology);
+    return buf;
+}
+
+#define BC_COUNT 1000
+
+/* Rank 0 broadcasts from root 0 while every other rank names root 1; then
+ * every rank broadcasts from root 0. No rank may return WEFT_OK with data
+ * other than the root it named had, and the first call must not succeed
+ * everywhere. */
+static int root_mismatch_rank(int rank, int nranks, void *arg)
+{
+    (void)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    int32_t *buf = mp_alloc(BC_COUNT * 4), *exp = mp_alloc(BC_COUNT * 4);
+    int root = rank == 0 ? 0 : 1, fail = 0;
+    for (int i = 0; i < BC_COUNT; i++)
+        buf[i] = 100 * rank + i;
+    for (int i = 0; i < BC_COUNT; i++)
+        exp[i] = 100 * root + i;
+    double t0 = mp_now_ms();
+    int rc = weft_broadcast(c, buf, BC_COUNT, WEFT_INT32, root);
+    record(rank, 0, rc, mp_now_ms() - t0, c);
+    if (rc == WEFT_OK)
+        fail |= mp_check_elems("broadcast(root named by this rank)", "buf",
+                               WEFT_INT32, buf, exp, BC_COUNT);
+    fail |= check_msg(c, "broadcast with mismatched roots", rc);
+
+    /* A second broadcast, the same on every rank: a byte left over from
+     * the first must never pass for its data. */
+    for (int i = 0; i < BC_COUNT; i++)
+        buf[i] = rank == 0 ? 7000 + i : -1;
+    for (int i = 0; i < BC_COUNT; i++)
+        exp[i] = 7000 + i;
+    t0 = mp_now_ms();
+    rc = weft_broadcast(c, buf, BC_COUNT, WEFT_INT32, 0);
+    record(rank, 1, rc, mp_now_ms() - t0, c);
+    if (rc == WEFT_OK)
+        fail |= mp_check_elems("second broadcast(root 0)", "buf", WEFT_INT32,
+                               buf, exp, BC_COUNT);
+    fail |= check_msg(c, "the broadcast after the mismatch", rc);
+    free(buf);
+    free(exp);
+    return finalize(c) || fail;
+}
+
+static void run_root_mismatch(const struct layout_case *lc)
+{
+    setenv("WEFT_TOPOLOGY", lc->topology, 1);
+    struct mp_opts o = {
+        .nranks = lc->nranks,
+        .layout = lc->layout,
+        .timeout_ms = 3000,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = JOB_DEADLINE_MS,
+    };
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, root_mismatch_rank, NULL, &res), 0);
+    unsetenv("WEFT_TOPOLOGY");
+    assert_passed(&res, layout_name(lc));
+    int all_ok = 1;
+    for (int r = 0; r < lc->nranks; r++) {
+        all_ok &= shm()->rc[r][0] == WEFT_OK;
+        cr_assert(shm()->rc[r][0] == WEFT_OK ||
+                      shm()->rc[r][0] == WEFT_EMISMATCH ||
+                      shm()->rc[r][0] == WEFT_EPEER ||
+                      shm()->rc[r][0] == WEFT_ETIMEDOUT,
+                  "%s: rank %d's mismatched broadcast returned %s (%s)",
+                  layout_name(lc), r, weft_err_name(shm()->rc[r][0]),
+                  shm()->msg[r]);
+        /* Found by the headers, not by waiting out the deadline. */
+        cr_assert(shm()->ms[r][0] < 3000,
+                  "%s: rank %d took %.0f ms to see the mismatch",
+                  layout_name(lc), r, shm()->ms[r][0]);
+    }
+    cr_assert(!all_ok,
+              "%s: every rank returned WEFT_OK from broadcasts with "
+              "different roots",
+              layout_name(lc));
+    /* Rank 0 and rank 1 each named themselves root: they disagree with a
+     * neighbour in any layout, so both must see it. */
+    cr_assert(shm()->rc[0][0] != WEFT_OK && shm()->rc[1][0] != WEFT_OK,
+              "%s: rank 0 got %s and rank 1 %s: the roots' disagreement "
+              "went unnoticed",
+              layout_name(lc), weft_err_name(shm()->rc[0][0]),
+              weft_err_name(shm()->rc[1][0]));
+}
+
+ParameterizedTestParameters(matching, broadcast_root_mismatch)
+{
+    static struct layout_case cases[] = {
+        {2, MP_LAYOUT_ONE_HOST, "ring"}, {3, MP_LAYOUT_ONE_HOST, "ring"},
+        {4, MP_LAYOUT_ONE_HOST, "ring"}, {2, MP_LAYOUT_ONE_HOST, "mesh"},
+        {3, MP_LAYOUT_ONE_HOST, "mesh"}, {4, MP_LAYOUT_ONE_HOST, "mesh"},
+        {3, MP_LAYOUT_MESH, "auto"},     {4, MP_LAYOUT_MESH, "auto"},
+        {4, MP_LAYOUT_RING, "auto"},     {5, MP_LAYOUT_RING, "auto"},
+    };
+    return cr_make_param_array(struct layout_case, cases,
+                               sizeof cases / sizeof cases[0]);
+}
+
+ParameterizedTest(struct layout_case *lc, matching, broadcast_root_mismatch,
+                  .timeout = 120)
+{
+    run_root_mismatch(lc);
+}
+
+/* ---- item 5: the message explains the code ---- */
+
+/* Rank 0 calls all_reduce with one element more than the others (or
+ * another dtype): every rank that reports WEFT_EMISMATCH must say what
+ * differed, even when peers closing their wires arrive right after. */
+static int count_mismatch_rank(int rank, int nranks, void *arg)
+{
+    int variant = *(const int *)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    size_t count = 64 + (rank == 0 && variant == 0 ? 1 : 0);
+    weft_dtype dt = rank == 0 && variant == 1 ? WEFT_FLOAT32 : WEFT_INT32;
+    int32_t buf[80] = {0};
+    double t0 = mp_now_ms();
+    int rc = weft_all_reduce(c, buf, buf, count, dt, WEFT_SUM);
+    record(rank, 0, rc, mp_now_ms() - t0, c);
+    int fail = check_msg(c, "all_reduce with mismatched arguments", rc);
+    if (rc == WEFT_OK) {
+        mp_log("all_reduce with mismatched %s returned WEFT_OK",
+               variant == 0 ? "counts" : "dtypes");
+        fail = 1;
+    }
+    return finalize(c) || fail;
+}
+
+Test(matching, message_explains_code, .timeout = 240)
+{
+    for (int run = 0; run < 24; run++) {
+        int variant = run % 2;
+        struct mp_opts o = {
+            .nranks = 3 + run % 2,
+            .timeout_ms = 3000,
+            .connect_timeout_ms = 20000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        setenv("WEFT_TOPOLOGY", run % 4 < 2 ? "ring" : "mesh", 1);
+        cr_assert_eq(mp_run(&o, count_mismatch_rank, &variant, &res), 0);
+        unsetenv("WEFT_TOPOLOGY");
+        assert_passed(&res, "mismatched all_reduce");
+    }
+}
+
+/* ---- item 4: relayed point to point is matched as direct ---- */
+
+struct relay_case {
+    weft_dtype send_dt, recv_dt;
+    size_t send_count, recv_count;
+    int dst; /* 2: relayed (no link from 0 to 2); 1: direct */
+};
+
+/* Rank 0 sends to dst, dst receives with other arguments; the ranks in
+ * between keep calling weft (sendrecv among themselves) until both are
+ * done, since they relay only while inside a call. */
+static int relay_mismatch_rank(int rank, int nranks, void *arg)
+{
+    const struct relay_case *rc_ = arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    int fail = 0, rc;
+    uint8_t buf[4096];
+    memset(buf, 0x5a, sizeof buf);
+    double t0 = mp_now_ms();
+    if (rank == 0) {
+        rc = weft_send(c, buf, rc_->send_count, rc_->send_dt, rc_->dst);
+        record(rank, 0, rc, mp_now_ms() - t0, c);
+        shm()->done[0] = 1;
+    } else if (rank == rc_->dst) {
+        rc = weft_recv(c, buf, rc_->recv_count, rc_->recv_dt, 0);
+        record(rank, 0, rc, mp_now_ms() - t0, c);
+        fail |= check_msg(c, "recv with mismatched arguments", rc);
+        shm()->done[rank] = 1;
+    } else {
+        /* Relay until rank 0 and the receiver are done. */
+        int other = rank == 1 ? 3 : 1;
+        while (!(shm()->done[0] && shm()->done[rc_->dst]) &&
+               mp_now_ms() - t0 < 10000) {
+            uint8_t s = 1, r = 0;
+            if (weft_sendrecv(c, &s, other, &r, other, 1, WEFT_UINT8) != 0)
+                break;
+        }
+    }
+    return finalize(c) || fail;
+}
+
+static void run_relay_mismatch(const struct relay_case *rc_)
+{
+    struct mp_opts o = {
+        .nranks = 4,
+        .layout = MP_LAYOUT_RING,
+        .timeout_ms = 3000,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = JOB_DEADLINE_MS,
+    };
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, relay_mismatch_rank, (void *)rc_, &res), 0);
+    assert_passed(&res, "relayed send/recv");
+    int got = shm()->rc[rc_->dst][0];
+    cr_assert_eq(got, WEFT_EMISMATCH,
+                 "recv of %zu %s from rank 0 (%s) met a send of %zu %s: "
+                 "returned %s (%s), expected WEFT_EMISMATCH",
+                 rc_->recv_count, rc_->recv_dt == WEFT_INT32 ? "int32" : "other",
+                 rc_->dst == 2 ? "relayed" : "direct", rc_->send_count,
+                 rc_->send_dt == WEFT_INT32 ? "int32" : "other",
+                 weft_err_name(got), shm()->msg[rc_->dst]);
+}
+
+Test(relay, dtype_mismatch_relayed, .timeout = 60)
+{
+    struct relay_case rc_ = {WEFT_INT32, WEFT_FLOAT32, 16, 16, 2};
+    run_relay_mismatch(&rc_);
+}
+
+Test(relay, dtype_mismatch_direct, .timeout = 60)
+{
+    struct relay_case rc_ = {WEFT_INT32, WEFT_FLOAT32, 16, 16, 1};
+    run_relay_mismatch(&rc_);
+}
+
+Test(relay, count_mismatch_same_bytes_relayed, .timeout = 60)
+{
+    /* 16 int32 against 64 uint8: the same bytes, a different call. */
+    struct relay_case rc_ = {WEFT_INT32, WEFT_UINT8, 16, 64, 2};
+    run_relay_mismatch(&rc_);
+}
+
+/* ---- item 6: a send to a peer that has gone ---- */
+
+/* Rank 1 leaves (finalizing, or exiting with bytes unread so that its
+ * kernel resets the connection); rank 0 sends to it later. */
+static int gone_peer_rank(int rank, int nranks, void *arg)
+{
+    int reset = *(const int *)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    uint8_t buf[1024] = {0};
+    int rc = weft_barrier(c);
+    if (rc != WEFT_OK)
+        return mp_report_rc(c, "barrier", rc);
+    if (rank == 1) {
+        if (!reset)
+            return finalize(c);
+        /* Let rank 0's bytes arrive, read none of them, and exit without
+         * finalize: the kernel resets a connection with unread bytes. */
+        mp_sleep_ms(200);
+        _exit(0);
+    }
+    if (reset) {
+        rc = weft_send(c, buf, sizeof buf, WEFT_UINT8, 1);
+        if (rc != WEFT_OK)
+            return mp_report_rc(c, "send(1 KiB) to a live peer", rc);
+    }
+    mp_sleep_ms(700);
+    double t0 = mp_now_ms();
+    rc = weft_send(c, buf, sizeof buf, WEFT_UINT8, 1);
+    record(rank, 0, rc, mp_now_ms() - t0, c);
+    int fail = 0;
+    if (rc != WEFT_EPEER) {
+        mp_log("send to a peer that %s 700 ms earlier returned %s (%s), "
+               "expected WEFT_EPEER",
+               reset ? "reset its wire" : "finalized", weft_err_name(rc),
+               weft_last_error(c));
+        fail = 1;
+    }
+    fail |= check_msg(c, "send to a peer that left", rc);
+    return finalize(c) || fail;
+}
+
+Test(liveness, send_to_finalized_peer, .timeout = 60)
+{
+    int reset = 0;
+    struct mp_opts o = {.nranks = 2, .timeout_ms = 3000,
+                        .deadline_ms = JOB_DEADLINE_MS};
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, gone_peer_rank, &reset, &res), 0);
+    assert_passed(&res, "send to a finalized peer");
+}
+
+Test(liveness, send_to_reset_peer, .timeout = 60)
+{
+    int reset = 1;
+    struct mp_opts o = {.nranks = 2, .timeout_ms = 3000,
+                        .deadline_ms = JOB_DEADLINE_MS};
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, gone_peer_rank, &reset, &res), 0);
+    assert_passed(&res, "send to a peer that reset its wire");
+}
+
+/* ---- item 7: one deadline per call ---- */
+
+#define DL_MS 2000
+
+/* Recursive doubling (4 ranks on one host, a small all_reduce): rank 0 is
+ * stopped, rank 3 arrives 1500 ms late. Rank 2's first round (with rank 3)
+ * ends then; its second (with rank 0) can never end, and must give up at
+ * the call's deadline, not a pass's. */
+static int doubling_rank(int rank, int nranks, void *arg)
+{
+    (void)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    int32_t v[4] = {rank, rank, rank, rank};
+    int rc = weft_barrier(c);
+    if (rc != WEFT_OK)
+        return mp_report_rc(c, "barrier", rc);
+    if (rank == 0)
+        mp_point(1); /* stopped here for good */
+    if (rank == 3)
+        mp_sleep_ms(1500);
+    double t0 = mp_now_ms();
+    rc = weft_all_reduce(c, v, v, 4, WEFT_INT32, WEFT_SUM);
+    double dt = mp_now_ms() - t0;
+    record(rank, 0, rc, dt, c);
+    mp_log("all_reduce with rank 0 stopped: %s after %.0f ms: %s",
+           weft_err_name(rc), dt, weft_last_error(c));
+    int fail = 0;
+    if (rc == WEFT_OK) {
+        mp_log("all_reduce succeeded without rank 0");
+        fail = 1;
+    }
+    if (dt > DL_MS + LATE_MS(DL_MS)) {
+        mp_log("all_reduce returned %.0f ms after it started: its deadline "
+               "is %d ms",
+               dt, DL_MS);
+        fail = 1;
+    }
+    return finalize(c) || fail;
+}
+
+Test(deadline, doubling_one_deadline, .timeout = 60)
+{
+    static const struct mp_action stop0 = {0, 1, MP_ACT_SIGSTOP};
+    setenv("WEFT_TOPOLOGY", "auto", 1);
+    struct mp_opts o = {
+        .nranks = 4,
+        .timeout_ms = DL_MS,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = JOB_DEADLINE_MS,
+        .actions = &stop0,
+        .nactions = 1,
+        .linger_mask = 1u << 0,
+    };
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, doubling_rank, NULL, &res), 0);
+    unsetenv("WEFT_TOPOLOGY");
+    assert_passed(&res, "doubling all_reduce with a stopped peer");
+}
+
+/* A sendrecv whose direct half (32 MiB to rank 1, more than the sockets
+ * hold) ends late, because rank 1 receives only after 1500 ms, and whose
+ * relayed half (from rank 2, which has no link to rank 0) never comes: it
+ * must end at the call's deadline, not at the direct pass's end plus a
+ * deadline. Every rank stays until rank 0 is done (a rank that finalizes
+ * closes the relay). */
+#define BIG (32u << 20)
+
+static int split_sendrecv_rank(int rank, int nranks, void *arg)
+{
+    (void)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    int fail = 0, rc = weft_barrier(c);
+    if (rc != WEFT_OK)
+        return mp_report_rc(c, "barrier", rc);
+    if (rank == 0) {
+        char *sb = mp_alloc(BIG), *rb = mp_alloc(BIG);
+        memset(sb, 1, BIG);
+        double t0 = mp_now_ms();
+        rc = weft_sendrecv(c, sb, 1, rb, 2, BIG, WEFT_UINT8);
+        double dt = mp_now_ms() - t0;
+        free(sb);
+        free(rb);
+        record(rank, 0, rc, dt, c);
+        mp_log("sendrecv (32 MiB direct to 1, relayed from 2): %s after "
+               "%.0f ms: %s",
+               weft_err_name(rc), dt, weft_last_error(c));
+        if (rc != WEFT_ETIMEDOUT) {
+            mp_log("expected WEFT_ETIMEDOUT: rank 2 sends nothing");
+            fail = 1;
+        }
+        if (dt > DL_MS + LATE_MS(DL_MS)) {
+            mp_log("sendrecv returned %.0f ms after it started: its "
+                   "deadline is %d ms",
+                   dt, DL_MS);
+            fail = 1;
+        }
+        shm()->done[0] = 1;
+    } else if (rank == 1) {
+        char *rb = mp_alloc(BIG);
+        mp_sleep_ms(1500);
+        rc = weft_recv(c, rb, BIG, WEFT_UINT8, 0);
+        free(rb);
+        if (rc != WEFT_OK)
+            fail = mp_report_rc(c, "recv(32 MiB) from rank 0", rc);
+    }
+    double t0 = mp_now_ms();
+    while (!shm()->done[0] && mp_now_ms() - t0 < 20000)
+        mp_sleep_ms(10);
+    return finalize(c) || fail;
+}
+
+Test(deadline, relayed_and_direct_one_deadline, .timeout = 60)
+{
+    struct mp_opts o = {
+        .nranks = 4,
+        .layout = MP_LAYOUT_RING,
+        .timeout_ms = DL_MS,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = JOB_DEADLINE_MS,
+    };
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, split_sendrecv_rank, NULL, &res), 0);
+    assert_passed(&res, "relayed + direct sendrecv");
+}
+
+/* ---- item 2: a new communicator while a peer holds its old one ---- */
+
+#define RI_DEADLINE_MS 1000
+#define RI_LATE_MS 3000
+
+/* Three ranks; `late` sleeps RI_LATE_MS before its first all_reduce, so
+ * the others time out (1 s), finalize and call weft_init again with the
+ * same hostfile while the late rank still holds its first communicator
+ * (and, if it is rank 0, the port the others connect to). The late rank
+ * then fails, finalizes and re-inits. The new communicator must form and
+ * work on every rank. */
+static int reinit_rank(int rank, int nranks, void *arg)
+{
+    int late = *(const int *)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    int32_t v[8];
+    for (int i = 0; i < 8; i++)
+        v[i] = rank + 1;
+    if (rank == late)
+        mp_sleep_ms(RI_LATE_MS);
+    int rc = weft_all_reduce(c, v, v, 8, WEFT_INT32, WEFT_SUM);
+    /* The others give up; the late rank may still complete with what
+     * they sent before they left (then with the right sum), or fail. */
+    if (rc == WEFT_OK && rank != late) {
+        mp_log("the first all_reduce succeeded although rank %d was %d ms "
+               "late with a %d ms deadline",
+               late, RI_LATE_MS, RI_DEADLINE_MS);
+        weft_finalize(c);
+        return 1;
+    }
+    if (rc == WEFT_OK && v[0] != nranks * (nranks + 1) / 2) {
+        mp_log("the late rank's all_reduce returned WEFT_OK with %d, "
+               "expected %d",
+               v[0], nranks * (nranks + 1) / 2);
+        weft_finalize(c);
+        return 1;
+    }
+    if (finalize(c))
+        return 1;
+    double t0 = mp_now_ms();
+    rc = weft_init(&c);
+    if (rc != WEFT_OK) {
+        mp_log("weft_init again after %.0f ms: %s: %s", mp_now_ms() - t0,
+               weft_err_name(rc), weft_last_error(NULL));
+        return 1;
+    }
+    for (int i = 0; i < 8; i++)
+        v[i] = rank + 1;
+    rc = weft_all_reduce(c, v, v, 8, WEFT_INT32, WEFT_SUM);
+    int fail = 0;
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "all_reduce on the new communicator", rc);
+    else
+        for (int i = 0; i < 8; i++)
+            if (v[i] != nranks * (nranks + 1) / 2) {
+                mp_log("all_reduce on the new communicator: element %d is "
+                       "%d, expected %d",
+                       i, v[i], nranks * (nranks + 1) / 2);
+                fail = 1;
+                break;
+            }
+    return finalize(c) || fail;
+}
+
+static void run_reinit(int late, int reps)
+{
+    for (int i = 0; i < reps; i++) {
+        struct mp_opts o = {
+            .nranks = 3,
+            .timeout_ms = RI_DEADLINE_MS,
+            .connect_timeout_ms = 30000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        char what[64];
+        cr_assert_eq(mp_run(&o, reinit_rank, &late, &res), 0);
+        snprintf(what, sizeof what, "re-init with rank %d late (run %d)",
+                 late, i + 1);
+        assert_passed(&res, what);
+    }
+}
+
+Test(reinit, late_rank0, .timeout = 120)
+{
+    run_reinit(0, 3);
+}
+
+Test(reinit, late_rank1, .timeout = 120)
+{
+    run_reinit(1, 1);
+}
+
+Test(reinit, late_rank2, .timeout = 120)
+{
+    run_reinit(2, 3);
+}
