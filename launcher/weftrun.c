@@ -1647,24 +1647,20 @@ int main(int argc, char **argv)
         static weft__hostfile_out hf;
         char err[1024];
 
-        if (weft__hostfile_load(o.hostfile, -1, &hf, err, sizeof err) != 0) {
+        /* Read once (a regular file only, so a FIFO cannot block us):
+         * the text checked here is the text the ranks on other hosts get
+         * in WEFT_HOSTFILE_TEXT. */
+        rc = weft__hostfile_read(o.hostfile, &g_hf_text, err, sizeof err);
+        if (rc == 0)
+            rc = weft__hostfile_load_text(o.hostfile, g_hf_text, -1, &hf, err,
+                                          sizeof err);
+        if (rc != 0) {
             msg("%s", err);
+            free(g_hf_text);
             free(o.xvars);
             return EXIT_USAGE;
         }
         g_hf = &hf;
-        {
-            FILE *f = fopen(o.hostfile, "rb");
-            size_t cap = 0;
-            if (f != NULL) {
-                ssize_t nr = getdelim(&g_hf_text, &cap, '\0', f);
-                if (nr < 0) {
-                    free(g_hf_text);
-                    g_hf_text = NULL;
-                }
-                fclose(f);
-            }
-        }
         if (o.check) {
             /* Describe the job as the options would run it. */
             if (o.transport != NULL)

@@ -902,6 +902,47 @@ Test(env, sockbuf_zero_and_floor_accepted, .timeout = 30)
     }
 }
 
+/* WEFT_HOSTFILE naming a FIFO, a directory or a device is refused at once:
+ * opening a FIFO that no one writes blocked weft_init forever, and a device
+ * such as /dev/zero is no hostfile either. The deadline makes a hang fail. */
+static void expect_not_regular(const char *path)
+{
+    struct env_dir d;
+
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_HOSTFILE", path, 1);
+    expect_econfig((const char *const[]){path, NULL},
+                   (const char *const[]){"not a regular file", NULL});
+    env_dir_remove(&d);
+}
+
+Test(env, hostfile_fifo, .timeout = 10)
+{
+    char dir[] = "/tmp/weft-fifo-XXXXXX", fifo[64];
+
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/hostfile", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    expect_not_regular(fifo);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+Test(env, hostfile_directory, .timeout = 10)
+{
+    char dir[] = "/tmp/weft-hfdir-XXXXXX";
+
+    cr_assert_not_null(mkdtemp(dir));
+    expect_not_regular(dir);
+    rmdir(dir);
+}
+
+Test(env, hostfile_device, .timeout = 10)
+{
+    expect_not_regular("/dev/zero");
+}
+
 /* ---- (f) foreign connections to the ranks' ports ---- */
 
 enum foreign_kind {

@@ -153,16 +153,12 @@ static void run_start(struct run *r, const char *const *args)
     free(err);
 }
 
-static void run_wait(struct run *r)
+/* Reads weftrun's stdout and stderr once it has exited. */
+static void run_collect(struct run *r)
 {
     char *out = path_in(r, "weftrun.out");
     char *err = path_in(r, "weftrun.err");
-    pid_t p;
 
-    do
-        p = waitpid(r->pid, &r->status, 0);
-    while (p < 0 && errno == EINTR);
-    cr_assert_eq(p, r->pid, "waitpid: %s", strerror(errno));
     r->secs = now_secs() - r->secs;
     r->out = slurp(out);
     r->err = slurp(err);
@@ -172,10 +168,45 @@ static void run_wait(struct run *r)
     free(err);
 }
 
+static void run_wait(struct run *r)
+{
+    pid_t p;
+
+    do
+        p = waitpid(r->pid, &r->status, 0);
+    while (p < 0 && errno == EINTR);
+    cr_assert_eq(p, r->pid, "waitpid: %s", strerror(errno));
+    run_collect(r);
+}
+
 static void run_weftrun(struct run *r, const char *const *args)
 {
     run_start(r, args);
     run_wait(r);
+}
+
+/* As run_weftrun, for a weftrun that must end by itself within limit_secs:
+ * one still running then is killed and the test fails saying so, instead
+ * of waiting on whatever blocks it. */
+static void run_weftrun_within(struct run *r, const char *const *args,
+                               double limit_secs)
+{
+    double t0 = now_secs();
+    pid_t p;
+
+    run_start(r, args);
+    while ((p = waitpid(r->pid, &r->status, WNOHANG)) != r->pid) {
+        cr_assert(p == 0 || errno == EINTR, "waitpid: %s", strerror(errno));
+        if (now_secs() - t0 > limit_secs) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &r->status, 0);
+            cr_assert_fail("weftrun %s %s ... still ran after %.0f s "
+                           "(killed it)",
+                           args[0], args[1] ? args[1] : "", limit_secs);
+        }
+        usleep(10000);
+    }
+    run_collect(r);
 }
 
 static int exit_code(const struct run *r)
@@ -851,4 +882,56 @@ Test(weftrun, check_says_the_topology, .timeout = 30)
         expect_in(r.err, "\"m1\" and \"m3\"", "stderr");
         run_fini(&r);
     }
+}
+
+/* The fixture's path, from WEFT_FIXTURES. */
+static void fixture(char *buf, size_t len, const char *name)
+{
+    const char *fx = getenv("WEFT_FIXTURES");
+
+    cr_assert_not_null(fx, "set WEFT_FIXTURES (make check does)");
+    snprintf(buf, len, "%s/%s", fx, name);
+}
+
+/* A hostfile that is a FIFO, a directory or a device is refused at once,
+ * by --check and by a job: weftrun blocked forever opening a FIFO that no
+ * one writes. */
+static void expect_not_regular(const char *path)
+{
+    const char *const forms[][5] = {
+        {"--hostfile", path, "--check", NULL},
+        {"--hostfile", path, "true", NULL},
+    };
+
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, forms[i], 10);
+        expect_exit(&r, 2);
+        expect_in(r.err, path, "stderr");
+        expect_in(r.err, "not a regular file", "stderr");
+        run_fini(&r);
+    }
+}
+
+Test(weftrun, hostfile_fifo_refused, .timeout = 30)
+{
+    char dir[] = "/tmp/test_weftrun.XXXXXX", fifo[64];
+
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/hosts.json", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    expect_not_regular(fifo);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+Test(weftrun, hostfile_directory_or_device_refused, .timeout = 30)
+{
+    char dir[1024];
+
+    fixture(dir, sizeof dir, ".");
+    expect_not_regular(dir);
+    expect_not_regular("/dev/zero");
 }
