@@ -128,6 +128,7 @@ struct opts {
     const char *hostfile;   /* NULL for -n N on this host */
     const char *launch_cmd; /* NULL: ssh, or directly for this host */
     int check;              /* --check: describe the hostfile, run nothing */
+    const char *check_file; /* --check FILE: FILE, else NULL */
     const char **xvars;     /* the -x arguments, in order */
     int nxvars;
     char **prog_argv; /* PROGRAM ARGS..., NULL-terminated, points into argv */
@@ -148,26 +149,30 @@ enum opt_id {
     OPT_VERSION,
 };
 
+/* Whether an option takes a value: none, one, or one that may be left out
+ * (attached with '=', or the next argument unless that starts with '-'). */
+enum { ARG_NONE, ARG_REQUIRED, ARG_OPTIONAL };
+
 static const struct {
     const char *name;
     enum opt_id id;
     int has_arg;
 } opt_table[] = {
-    {"-n", OPT_N, 1},
-    {"-np", OPT_N, 1},
-    {"--np", OPT_N, 1},
-    {"--hostfile", OPT_HOSTFILE, 1},
-    {"--wires", OPT_WIRES, 1},
-    {"--transport", OPT_TRANSPORT, 1},
-    {"--topology", OPT_TOPOLOGY, 1},
-    {"--timeout-ms", OPT_TIMEOUT, 1},
-    {"--grace-ms", OPT_GRACE, 1},
-    {"-x", OPT_X, 1},
-    {"--launch-cmd", OPT_LAUNCH_CMD, 1},
-    {"--check", OPT_CHECK, 0},
-    {"-h", OPT_HELP, 0},
-    {"--help", OPT_HELP, 0},
-    {"--version", OPT_VERSION, 0},
+    {"-n", OPT_N, ARG_REQUIRED},
+    {"-np", OPT_N, ARG_REQUIRED},
+    {"--np", OPT_N, ARG_REQUIRED},
+    {"--hostfile", OPT_HOSTFILE, ARG_REQUIRED},
+    {"--wires", OPT_WIRES, ARG_REQUIRED},
+    {"--transport", OPT_TRANSPORT, ARG_REQUIRED},
+    {"--topology", OPT_TOPOLOGY, ARG_REQUIRED},
+    {"--timeout-ms", OPT_TIMEOUT, ARG_REQUIRED},
+    {"--grace-ms", OPT_GRACE, ARG_REQUIRED},
+    {"-x", OPT_X, ARG_REQUIRED},
+    {"--launch-cmd", OPT_LAUNCH_CMD, ARG_REQUIRED},
+    {"--check", OPT_CHECK, ARG_OPTIONAL},
+    {"-h", OPT_HELP, ARG_NONE},
+    {"--help", OPT_HELP, ARG_NONE},
+    {"--version", OPT_VERSION, ARG_NONE},
 };
 
 static void print_usage(FILE *f)
@@ -175,6 +180,7 @@ static void print_usage(FILE *f)
     fputs(
         "Usage: weftrun -n N [options] [--] PROGRAM [ARGS...]\n"
         "       weftrun --hostfile FILE [options] [--] PROGRAM [ARGS...]\n"
+        "       weftrun --check FILE [options]\n"
         "\n"
         "Starts N ranks of PROGRAM on this host, or the ranks of a hostfile\n"
         "on its hosts (over ssh or --launch-cmd), and supervises them. Each\n"
@@ -186,8 +192,10 @@ static void print_usage(FILE *f)
         "  --hostfile FILE    hosts and links (JSON, MLX or mpirun form)\n"
         "  --launch-cmd CMD   run commands on a host with CMD instead of ssh;\n"
         "                     {host} in CMD is replaced by the host's name\n"
-        "  --check            validate the hostfile, print the ring or mesh\n"
-        "                     it would form, start nothing\n"
+        "  --check [FILE]     validate FILE (or --hostfile FILE), print the\n"
+        "                     ring or mesh it would form, start nothing; an\n"
+        "                     argument after --check that starts with '-'\n"
+        "                     is the next option, not FILE\n"
         "  --wires W          connections per peer on each link "
         "(WEFT_WIRES)\n"
         "  --transport T      tcp | ibverbs (WEFT_TRANSPORT)\n"
@@ -305,6 +313,19 @@ static int find_opt(const char *arg, const char **val)
     return -1;
 }
 
+/* Whether paths a and b name one file: the same string, or the same file
+ * under two names (hosts.json and ./hosts.json). stat() opens nothing, so
+ * it cannot block on a FIFO. */
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+
+    if (strcmp(a, b) == 0)
+        return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
 /* Parses the command line. Returns 0 to go on, or an exit status to exit
  * with at once (0 after --help or --version, EXIT_USAGE after a message). */
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -335,13 +356,19 @@ static int parse_args(int argc, char **argv, struct opts *o)
             usage_error("unknown option '%s'", arg);
             return EXIT_USAGE;
         }
-        if (opt_table[k].has_arg && val == NULL) {
+        if (opt_table[k].has_arg == ARG_OPTIONAL) {
+            /* "--check -x V" or "--check -- PROG" give no FILE; a file
+             * named "-f" can still be given as --check=-f or --check ./-f.
+             */
+            if (val == NULL && i + 1 < argc && argv[i + 1][0] != '-')
+                val = argv[++i];
+        } else if (opt_table[k].has_arg == ARG_REQUIRED && val == NULL) {
             if (i + 1 >= argc) {
                 usage_error("option '%s' needs a value", arg);
                 return EXIT_USAGE;
             }
             val = argv[++i];
-        } else if (!opt_table[k].has_arg && val != NULL) {
+        } else if (opt_table[k].has_arg == ARG_NONE && val != NULL) {
             usage_error("option '%s' takes no value", opt_table[k].name);
             return EXIT_USAGE;
         }
@@ -413,7 +440,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->launch_cmd = val;
             break;
         case OPT_CHECK:
+            if (val != NULL && *val == '\0') {
+                usage_error("--check: expected a hostfile, not an empty "
+                            "name");
+                return EXIT_USAGE;
+            }
             o->check = 1;
+            if (val != NULL)
+                o->check_file = val;
             break;
         case OPT_HELP:
             print_usage(stdout);
@@ -425,9 +459,20 @@ static int parse_args(int argc, char **argv, struct opts *o)
         }
     }
 
+    if (o->check_file != NULL) {
+        if (o->hostfile == NULL) {
+            o->hostfile = o->check_file;
+        } else if (!same_file(o->check_file, o->hostfile)) {
+            usage_error("--check %s and --hostfile %s name different files; "
+                        "give the hostfile once",
+                        o->check_file, o->hostfile);
+            return EXIT_USAGE;
+        }
+    }
     if ((o->launch_cmd != NULL || o->check) && o->hostfile == NULL) {
-        usage_error("%s needs --hostfile FILE",
-                    o->check ? "--check" : "--launch-cmd");
+        usage_error("%s needs --hostfile FILE%s",
+                    o->check ? "--check" : "--launch-cmd",
+                    o->check ? " (or --check FILE)" : "");
         return EXIT_USAGE;
     }
     if (o->check)
@@ -1647,24 +1692,20 @@ int main(int argc, char **argv)
         static weft__hostfile_out hf;
         char err[1024];
 
-        if (weft__hostfile_load(o.hostfile, -1, &hf, err, sizeof err) != 0) {
+        /* Read once (a regular file only, so a FIFO cannot block us):
+         * the text checked here is the text the ranks on other hosts get
+         * in WEFT_HOSTFILE_TEXT. */
+        rc = weft__hostfile_read(o.hostfile, &g_hf_text, err, sizeof err);
+        if (rc == 0)
+            rc = weft__hostfile_load_text(o.hostfile, g_hf_text, -1, &hf, err,
+                                          sizeof err);
+        if (rc != 0) {
             msg("%s", err);
+            free(g_hf_text);
             free(o.xvars);
             return EXIT_USAGE;
         }
         g_hf = &hf;
-        {
-            FILE *f = fopen(o.hostfile, "rb");
-            size_t cap = 0;
-            if (f != NULL) {
-                ssize_t nr = getdelim(&g_hf_text, &cap, '\0', f);
-                if (nr < 0) {
-                    free(g_hf_text);
-                    g_hf_text = NULL;
-                }
-                fclose(f);
-            }
-        }
         if (o.check) {
             /* Describe the job as the options would run it. */
             if (o.transport != NULL)

@@ -16,6 +16,13 @@
 
 #define CFG_ERR(...) (snprintf(errmsg, errlen, __VA_ARGS__), WEFT_ECONFIG)
 
+/* The smallest WEFT_SOCKBUF_BYTES but 0, since a buffer under the loopback
+ * MSS starves TCP (1 MiB all_reduce of 4 ranks on loopback, MTU 65536, per
+ * call: 31 s at 4 KiB, 10 s at 8-12 KiB, 10 ms at 16 KiB, 1.1-2.3 ms from
+ * 24 KiB up); 128 KiB leaves the receive window, about half the buffer the
+ * kernel doubles, two full loopback segments. */
+#define SOCKBUF_MIN_BYTES (128 << 10)
+
 /* Parses a decimal integer in [lo, hi]; returns 0 on success. */
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
@@ -186,6 +193,11 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
     if ((rc = env_int("WEFT_SOCKBUF_BYTES", 0, 1L << 30,
                       WEFT__DEFAULT_SOCKBUF_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
+    if (v != 0 && v < SOCKBUF_MIN_BYTES)
+        return CFG_ERR("WEFT_SOCKBUF_BYTES=%ld is below the floor of %d "
+                       "bytes (smaller buffers stall TCP); set it to at "
+                       "least %d, or to 0 for the kernel's autotuning",
+                       v, SOCKBUF_MIN_BYTES, SOCKBUF_MIN_BYTES);
     cfg->sockbuf_bytes = (int)v;
     if ((rc = env_int("WEFT_MIN_WIRE_BYTES", 1, 1L << 30,
                       WEFT__MIN_WIRE_BYTES, &v, errmsg, errlen)) != 0)

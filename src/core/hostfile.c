@@ -58,12 +58,15 @@
 #include "core/hostfile.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_FILE_BYTES (16L << 20)
 
@@ -186,48 +189,107 @@ static int adj_make(const weft__hostfile_out *h, adj_t *a)
 
 /* ---- reading the file ---- */
 
+/* What a file that is not a regular one is, for the message. */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "of an unknown kind";
+}
+
+/* Reads the whole file into a NUL-terminated buffer. Only a regular file
+ * is read: opening a FIFO that no one writes would block the caller
+ * (weft_init, weftrun) forever, and a directory or a device such as
+ * /dev/zero is no hostfile. O_NONBLOCK makes that open return at once, and
+ * fstat of the open descriptor checks the very file that is then read
+ * (stat, then open, would race with the path changing in between); for a
+ * regular file O_NONBLOCK changes nothing. */
 static int read_file(hf_ctx *c, const char *path, char **out, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    struct stat st;
     char *buf = NULL;
     size_t n = 0, cap = 0;
 
-    if (f == NULL)
+    if (fd < 0)
         return fail(c, "cannot open the hostfile: %s", strerror(errno));
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return fail(c, "cannot stat the hostfile: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(c, "not a regular file (it is %s)", file_kind(st.st_mode));
+    }
     for (;;) {
-        size_t got;
+        ssize_t got;
         if (cap - n < 4097) {
             char *nb;
             cap = cap ? cap * 2 : 8192;
             nb = realloc(buf, cap);
             if (nb == NULL) {
                 free(buf);
-                fclose(f);
+                close(fd);
                 return nomem(c);
             }
             buf = nb;
         }
-        got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
+        got = read(fd, buf + n, cap - n - 1);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return fail(c, "cannot read the hostfile: %s", strerror(e));
+        }
+        n += (size_t)got;
         if ((long)n > MAX_FILE_BYTES) {
             free(buf);
-            fclose(f);
+            close(fd);
             return fail(c, "larger than %ld bytes: not a hostfile?",
                         MAX_FILE_BYTES);
         }
         if (got == 0)
             break;
     }
-    if (ferror(f)) {
-        int e = errno;
-        free(buf);
-        fclose(f);
-        return fail(c, "cannot read the hostfile: %s", strerror(e));
-    }
-    fclose(f);
+    close(fd);
     buf[n] = '\0';
     *out = buf;
     *len = n;
+    return WEFT_OK;
+}
+
+int weft__hostfile_read(const char *path, char **text, char *errmsg,
+                        size_t errlen)
+{
+    hf_ctx c = {path != NULL ? path : "(null)", errmsg, errlen};
+    size_t len = 0;
+    int rc;
+
+    if (errmsg != NULL && errlen > 0)
+        errmsg[0] = '\0';
+    if (text == NULL)
+        return WEFT_EINVAL;
+    *text = NULL;
+    if (path == NULL || *path == '\0')
+        return fail(&c, "no hostfile named");
+    if ((rc = read_file(&c, path, text, &len)) != 0)
+        return rc;
+    if (strlen(*text) != len) {
+        free(*text);
+        *text = NULL;
+        return fail(&c, "contains a NUL byte: not a text hostfile");
+    }
     return WEFT_OK;
 }
 

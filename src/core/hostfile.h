@@ -56,7 +56,8 @@ typedef struct {
     int *host_order;
 } weft__hostfile_out;
 
-/* Reads, detects the form of, and validates the hostfile at path.
+/* Reads (a regular file only, as weft__hostfile_read), detects the form
+ * of, and validates the hostfile at path.
  * nranks_expected >= 0: the hosts must hold exactly that many ranks;
  * -1: any number (weftrun --check). On success fills *out (free it with
  * weft__hostfile_free) and returns WEFT_OK. On failure returns
@@ -65,6 +66,15 @@ typedef struct {
  * host_order out of *out (setting the field to NULL) before freeing it. */
 int weft__hostfile_load(const char *path, int nranks_expected,
                         weft__hostfile_out *out, char *errmsg, size_t errlen);
+
+/* Reads the hostfile at path, without parsing it, into *text (a new
+ * NUL-terminated string the caller frees). Only a regular file is read;
+ * a FIFO, a directory or a device is refused at once, without blocking.
+ * Returns WEFT_OK, or WEFT_ECONFIG (or WEFT_ENOMEM) with errmsg filled in,
+ * starting with the path, and *text NULL. weftrun reads the file once with
+ * this and hands the text to weft__hostfile_load_text and to its ranks. */
+int weft__hostfile_read(const char *path, char **text, char *errmsg,
+                        size_t errlen);
 
 /* As weft__hostfile_load, for a hostfile's text (name stands for the file
  * in messages): how weftrun hands the hostfile to ranks on other hosts. */

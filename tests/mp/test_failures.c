@@ -863,6 +863,86 @@ Test(env, launcher_rank_without_hostfile, .timeout = 30)
     expect_econfig((const char *const[]){"WEFT_HOSTFILE", NULL}, NULL);
 }
 
+/* A socket buffer under the loopback MSS starves TCP (a 1 MiB all_reduce of
+ * 4 ranks took 10-30 s per call at 4-12 KiB): refused, naming the floor. */
+Test(env, sockbuf_below_floor, .timeout = 30)
+{
+    static const char *const small[] = {"4096", "16384", "131071"};
+    struct env_dir d;
+
+    env_dir_make(&d);
+    for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
+        env_valid(&d);
+        setenv("WEFT_SOCKBUF_BYTES", small[i], 1);
+        expect_econfig((const char *const[]){"WEFT_SOCKBUF_BYTES", NULL},
+                       (const char *const[]){small[i], "131072", NULL});
+    }
+    env_dir_remove(&d);
+}
+
+/* 0 (the kernel's autotuning) and the floor itself stay legal: a job of one
+ * rank, which needs no hostfile, forms with either. */
+Test(env, sockbuf_zero_and_floor_accepted, .timeout = 30)
+{
+    static const char *const ok[] = {"0", "131072", "4194304"};
+
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        weft_comm *c = NULL;
+        int rc;
+
+        mp_clear_env();
+        setenv("WEFT_RANK", "0", 1);
+        setenv("WEFT_SIZE", "1", 1);
+        setenv("WEFT_SOCKBUF_BYTES", ok[i], 1);
+        rc = weft_init(&c);
+        cr_assert_eq(rc, WEFT_OK, "WEFT_SOCKBUF_BYTES=%s: weft_init: %s: %s",
+                     ok[i], weft_err_name(rc),
+                     weft_last_error(NULL) ? weft_last_error(NULL) : "");
+        cr_assert_eq(weft_finalize(c), WEFT_OK);
+    }
+}
+
+/* WEFT_HOSTFILE naming a FIFO, a directory or a device is refused at once:
+ * opening a FIFO that no one writes blocked weft_init forever, and a device
+ * such as /dev/zero is no hostfile either. The deadline makes a hang fail. */
+static void expect_not_regular(const char *path)
+{
+    struct env_dir d;
+
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_HOSTFILE", path, 1);
+    expect_econfig((const char *const[]){path, NULL},
+                   (const char *const[]){"not a regular file", NULL});
+    env_dir_remove(&d);
+}
+
+Test(env, hostfile_fifo, .timeout = 10)
+{
+    char dir[] = "/tmp/weft-fifo-XXXXXX", fifo[64];
+
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/hostfile", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    expect_not_regular(fifo);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+Test(env, hostfile_directory, .timeout = 10)
+{
+    char dir[] = "/tmp/weft-hfdir-XXXXXX";
+
+    cr_assert_not_null(mkdtemp(dir));
+    expect_not_regular(dir);
+    rmdir(dir);
+}
+
+Test(env, hostfile_device, .timeout = 10)
+{
+    expect_not_regular("/dev/zero");
+}
+
 /* ---- (f) foreign connections to the ranks' ports ---- */
 
 enum foreign_kind {

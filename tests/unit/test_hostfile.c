@@ -10,10 +10,13 @@
 #include "core/hostfile.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *fixdir(void)
 {
@@ -619,6 +622,46 @@ Test(bad, mpirun_text)
 Test(bad, unreadable)
 {
     BAD("no-such-file.json", -1, "cannot open the hostfile");
+}
+
+/* Anything but a regular file is refused without reading it: a FIFO that
+ * no one writes would block the open (and weft_init) forever, a directory
+ * or a device such as /dev/zero is no hostfile. */
+static void expect_not_regular(const char *path)
+{
+    char msg[1024];
+    weft__hostfile_out h;
+    int rc;
+
+    rc = weft__hostfile_load(path, -1, &h, msg, sizeof msg);
+    cr_assert_eq(rc, WEFT_ECONFIG, "%s: rc %d, expected WEFT_ECONFIG (%s)",
+                 path, rc, rc ? msg : "loaded");
+    cr_assert_eq(strncmp(msg, path, strlen(path)), 0,
+                 "%s: message does not start with the file: %s", path, msg);
+    cr_assert(strstr(msg, "not a regular file") != NULL,
+              "%s: message lacks \"not a regular file\": %s", path, msg);
+}
+
+Test(bad, fifo, .timeout = 10)
+{
+    char dir[] = "/tmp/test_hostfile.XXXXXX", fifo[64];
+
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/hosts.json", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    expect_not_regular(fifo);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+Test(bad, directory, .timeout = 10)
+{
+    expect_not_regular(fixdir());
+}
+
+Test(bad, device, .timeout = 10)
+{
+    expect_not_regular("/dev/zero");
 }
 
 /* Every bad-* fixture in the directory fails with WEFT_ECONFIG and a

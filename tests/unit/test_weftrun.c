@@ -153,16 +153,12 @@ static void run_start(struct run *r, const char *const *args)
     free(err);
 }
 
-static void run_wait(struct run *r)
+/* Reads weftrun's stdout and stderr once it has exited. */
+static void run_collect(struct run *r)
 {
     char *out = path_in(r, "weftrun.out");
     char *err = path_in(r, "weftrun.err");
-    pid_t p;
 
-    do
-        p = waitpid(r->pid, &r->status, 0);
-    while (p < 0 && errno == EINTR);
-    cr_assert_eq(p, r->pid, "waitpid: %s", strerror(errno));
     r->secs = now_secs() - r->secs;
     r->out = slurp(out);
     r->err = slurp(err);
@@ -172,10 +168,45 @@ static void run_wait(struct run *r)
     free(err);
 }
 
+static void run_wait(struct run *r)
+{
+    pid_t p;
+
+    do
+        p = waitpid(r->pid, &r->status, 0);
+    while (p < 0 && errno == EINTR);
+    cr_assert_eq(p, r->pid, "waitpid: %s", strerror(errno));
+    run_collect(r);
+}
+
 static void run_weftrun(struct run *r, const char *const *args)
 {
     run_start(r, args);
     run_wait(r);
+}
+
+/* As run_weftrun, for a weftrun that must end by itself within limit_secs:
+ * one still running then is killed and the test fails saying so, instead
+ * of waiting on whatever blocks it. */
+static void run_weftrun_within(struct run *r, const char *const *args,
+                               double limit_secs)
+{
+    double t0 = now_secs();
+    pid_t p;
+
+    run_start(r, args);
+    while ((p = waitpid(r->pid, &r->status, WNOHANG)) != r->pid) {
+        cr_assert(p == 0 || errno == EINTR, "waitpid: %s", strerror(errno));
+        if (now_secs() - t0 > limit_secs) {
+            kill(r->pid, SIGKILL);
+            waitpid(r->pid, &r->status, 0);
+            cr_assert_fail("weftrun %s %s ... still ran after %.0f s "
+                           "(killed it)",
+                           args[0], args[1] ? args[1] : "", limit_secs);
+        }
+        usleep(10000);
+    }
+    run_collect(r);
 }
 
 static int exit_code(const struct run *r)
@@ -543,7 +574,8 @@ Test(weftrun, bad_flags_exit_2, .timeout = 30)
         {"-n", "2", "--topology", "star", "true", NULL},
         {"-n", "2", "-x", "=oops", "true", NULL},
         {"-n", "2", "-x", NULL},
-        {"-n", "2", "--check=yes", "true", NULL},
+        {"-n", "2", "--version=yes", "true", NULL},
+        {"--check=", NULL},
     };
 
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -593,6 +625,7 @@ Test(weftrun, help_and_version, .timeout = 30)
     expect_exit(&r, 0);
     expect_in(r.out, "Usage: weftrun -n N", "stdout");
     expect_in(r.out, "--grace-ms", "stdout");
+    expect_in(r.out, "--check [FILE]", "stdout");
     run_fini(&r);
 
     run_init(&r);
@@ -849,6 +882,131 @@ Test(weftrun, check_says_the_topology, .timeout = 30)
         run_weftrun(&r, args);
         expect_exit(&r, 2);
         expect_in(r.err, "\"m1\" and \"m3\"", "stderr");
+        run_fini(&r);
+    }
+}
+
+/* The fixture's path, from WEFT_FIXTURES. */
+static void fixture(char *buf, size_t len, const char *name)
+{
+    const char *fx = getenv("WEFT_FIXTURES");
+
+    cr_assert_not_null(fx, "set WEFT_FIXTURES (make check does)");
+    snprintf(buf, len, "%s/%s", fx, name);
+}
+
+/* A hostfile that is a FIFO, a directory or a device is refused at once,
+ * by --check and by a job: weftrun blocked forever opening a FIFO that no
+ * one writes. */
+static void expect_not_regular(const char *path)
+{
+    const char *const forms[][5] = {
+        {"--hostfile", path, "--check", NULL},
+        {"--hostfile", path, "true", NULL},
+    };
+
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, forms[i], 10);
+        expect_exit(&r, 2);
+        expect_in(r.err, path, "stderr");
+        expect_in(r.err, "not a regular file", "stderr");
+        run_fini(&r);
+    }
+}
+
+Test(weftrun, hostfile_fifo_refused, .timeout = 30)
+{
+    char dir[] = "/tmp/test_weftrun.XXXXXX", fifo[64];
+
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(fifo, sizeof fifo, "%s/hosts.json", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
+    expect_not_regular(fifo);
+    unlink(fifo);
+    rmdir(dir);
+}
+
+Test(weftrun, hostfile_directory_or_device_refused, .timeout = 30)
+{
+    char dir[1024];
+
+    fixture(dir, sizeof dir, ".");
+    expect_not_regular(dir);
+    expect_not_regular("/dev/zero");
+}
+
+/* --check FILE names the hostfile itself (API.md: --check [FILE]); --check
+ * without one takes --hostfile FILE, given before or after it. An argument
+ * after --check that starts with '-' is the next option, not a file. */
+Test(weftrun, check_takes_a_file, .timeout = 30)
+{
+    char mesh3[1024], same[1100], attached[1100];
+
+    fixture(mesh3, sizeof mesh3, "good-mesh3.json");
+    fixture(same, sizeof same, "../hostfiles/good-mesh3.json");
+    snprintf(attached, sizeof attached, "--check=%s", mesh3);
+    const char *const cases[][7] = {
+        {"--check", mesh3, NULL},
+        {attached, NULL},
+        {"--check", "--hostfile", mesh3, NULL},
+        {"--hostfile", mesh3, "--check", NULL},
+        {"--check", mesh3, "--hostfile", mesh3, NULL},
+        {"--hostfile", mesh3, "--check", same, NULL},
+        {"--check", mesh3, "--wires", "2", NULL},
+        {"--check", "--wires", "2", "--hostfile", mesh3, NULL},
+        {"--wires", "2", "--hostfile", mesh3, "--check", NULL},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, cases[i], 10);
+        cr_assert_eq(
+            exit_code(&r), 0, "case %zu (%s %s ...) exited %d\nstderr:\n%s", i,
+            cases[i][0], cases[i][1] ? cases[i][1] : "", exit_code(&r), r.err);
+        expect_in(r.out, "3 hosts, 6 ranks, 3 links", "stdout");
+        if (i >= 6)
+            expect_in(r.out, "2 wires on each", "stdout");
+        run_fini(&r);
+    }
+}
+
+/* --check A --hostfile B with different files, a --check FILE that cannot
+ * be read, and --check with neither are errors that say what is wrong. */
+Test(weftrun, check_file_errors, .timeout = 30)
+{
+    char mesh3[1024], ring4[1024];
+
+    fixture(mesh3, sizeof mesh3, "good-mesh3.json");
+    fixture(ring4, sizeof ring4, "good-ring4x2.json");
+    const struct {
+        const char *args[6];
+        const char *says[3];
+    } cases[] = {
+        {{"--check", mesh3, "--hostfile", ring4, NULL},
+         {"different", "good-mesh3.json", "good-ring4x2.json"}},
+        {{"--hostfile", ring4, "--check", mesh3, NULL},
+         {"different", "good-mesh3.json", "good-ring4x2.json"}},
+        {{"--check", "/nonexistent/hosts.json", NULL},
+         {"/nonexistent/hosts.json", "cannot open", NULL}},
+        {{"--check", "--wires", "2", NULL}, {"needs --hostfile", NULL}},
+        /* After "--" comes PROGRAM, which --check ignores: no file. */
+        {{"--check", "--", mesh3, NULL}, {"needs --hostfile", NULL}},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, cases[i].args, 10);
+        expect_exit(&r, 2);
+        for (size_t k = 0; k < 3 && cases[i].says[k] != NULL; k++)
+            expect_in(r.err, cases[i].says[k], "stderr");
+        cr_assert_str_eq(r.out, "", "case %zu printed on stdout", i);
         run_fini(&r);
     }
 }
