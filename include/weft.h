@@ -3,7 +3,16 @@
  *
  * This is the whole public API. Every function that can fail returns an int:
  * WEFT_OK (0) on success or a negative WEFT_E* code. Calls are blocking and
- * never block past the communicator's per-operation deadline.
+ * never block past the communicator's per-operation deadline: one deadline
+ * per call, from when it is called, whatever steps the call takes.
+ *
+ * Calls are matched across ranks. Every collective carries its kind,
+ * dtype, op, count, root and its number among the communicator's
+ * collectives; every point-to-point message its dtype, count and number
+ * between the pair (relayed or direct alike). Ranks whose calls differ get
+ * WEFT_EMISMATCH (or a deadline or peer error where they never meet), never
+ * WEFT_OK with another call's data, and bytes a mismatched call left on a
+ * wire never pass for a later call's.
  *
  * Buffers passed to an operation are borrowed for the duration of the call
  * only: when the call returns (successfully or not) the library holds no
@@ -76,9 +85,11 @@ WEFT_EXPORT const char *weft_strerror(int err);
 WEFT_EXPORT const char *weft_err_name(int err);
 
 /* Detailed message of the last failure on c: which rank, which peer, which
- * wire, which deadline. Empty string if nothing failed. The text stays valid
- * until the next call on c. With c == NULL it returns the message of the
- * last weft_init() failure in the calling thread. */
+ * wire, which deadline. Once c has failed it is the first cause, which
+ * later consequences (peers closing their wires, say) never overwrite;
+ * before that, the last bad argument. Empty string if nothing failed. The
+ * text stays valid until the next call on c. With c == NULL it returns the
+ * message of the last weft_init() failure in the calling thread. */
 WEFT_EXPORT const char *weft_last_error(const weft_comm *c);
 
 /* Size in bytes of one element of dtype, or 0 for an unknown dtype. */
@@ -92,7 +103,9 @@ WEFT_EXPORT size_t weft_dtype_size(weft_dtype dtype);
  * WEFT_CONNECT_TIMEOUT_MS how long to wait for peers (default 60000),
  * WEFT_JOB_TOKEN the job's shared secret (32 hex digits), WEFT_WIRES the
  * connections per peer and link (default 1). Blocks until every peer is
- * connected or the connect deadline passes. On failure *out is NULL and
+ * connected or the connect deadline passes; a peer's previous communicator
+ * that still holds its port (a rank that has not yet seen the failure) is
+ * waited out, not paired with. On failure *out is NULL and
  * weft_last_error(NULL) says what went wrong and what to set. */
 WEFT_EXPORT int weft_init(weft_comm **out);
 
