@@ -18,27 +18,6 @@
 /* Why the last weft_init() on this thread failed (weft_last_error(NULL)). */
 static _Thread_local char init_errmsg[WEFT__ERRMSG_LEN];
 
-size_t weft_dtype_size(weft_dtype dtype)
-{
-    switch (dtype) {
-    case WEFT_INT8:
-    case WEFT_UINT8:
-        return 1;
-    case WEFT_FLOAT16:
-    case WEFT_BFLOAT16:
-        return 2;
-    case WEFT_INT32:
-    case WEFT_UINT32:
-    case WEFT_FLOAT32:
-        return 4;
-    case WEFT_INT64:
-    case WEFT_UINT64:
-    case WEFT_FLOAT64:
-        return 8;
-    }
-    return 0;
-}
-
 const char *weft_last_error(const weft_comm *c)
 {
     if (c == NULL)

@@ -49,14 +49,14 @@ typedef struct wstate {
     int w;
     /* send side */
     int s_step;
-    size_t s_off;
+    size_t s_frame; /* next frame of the step's region on this wire */
     int s_hdr;
     int s_head, s_count;
     frame s_fr[FIFO_CAP];
     uint8_t s_hdrbuf[HDR_BYTES];
     /* receive side */
     int r_step;
-    size_t r_off;
+    size_t r_frame;
     int r_hdr;
     int r_head, r_count;
     int r_slot;
@@ -441,9 +441,12 @@ static void pump_send(run *r, int lane, wstate *ws)
         weft__region reg = step_region(r, st->send_len, r->sw[lane], ws->w);
         size_t flen, a;
 
-        if (ws->s_off >= reg.len) {
+        /* The planner's frames of this wire's own region, and no more:
+         * a wire never posts past its region, nor waits for a frame its
+         * peer (which computes the same plan) will not send. */
+        if (ws->s_frame >= weft__plan_frames(reg.len, r->frame)) {
             ws->s_step++;
-            ws->s_off = 0;
+            ws->s_frame = 0;
             continue;
         }
         if (!ws->s_hdr) {
@@ -454,14 +457,15 @@ static void pump_send(run *r, int lane, wstate *ws)
                  -1);
             continue;
         }
-        flen = weft__plan_frame_len(reg.len, r->frame, ws->s_off / r->frame);
-        a = reg.off + ws->s_off;
+        flen = weft__plan_frame_len(reg.len, r->frame, ws->s_frame);
+        a = reg.off + ws->s_frame * r->frame;
+        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (st->send_dep >= 0 && !recv_ready(r, lane, st->send_dep, a, a + flen))
             break;
         if (post(r, ws, 1, ws->s_step, 0, (char *)st->send_buf + a, a, flen,
                  -1) != 0)
             break;
-        ws->s_off += flen;
+        ws->s_frame++;
     }
 }
 
@@ -477,9 +481,9 @@ static void pump_recv(run *r, int lane, wstate *ws)
         int slot = -1;
         char *buf;
 
-        if (ws->r_off >= reg.len) {
+        if (ws->r_frame >= weft__plan_frames(reg.len, r->frame)) {
             ws->r_step++;
-            ws->r_off = 0;
+            ws->r_frame = 0;
             continue;
         }
         if (!ws->r_hdr) {
@@ -488,8 +492,9 @@ static void pump_recv(run *r, int lane, wstate *ws)
                  -1);
             continue;
         }
-        flen = weft__plan_frame_len(reg.len, r->frame, ws->r_off / r->frame);
-        a = reg.off + ws->r_off;
+        flen = weft__plan_frame_len(reg.len, r->frame, ws->r_frame);
+        a = reg.off + ws->r_frame * r->frame;
+        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (st->recv_a != NULL) {
             slot = ws->r_slot;
             ws->r_slot = (ws->r_slot + 1) % WEFT__RECV_DEPTH;
@@ -504,7 +509,7 @@ static void pump_recv(run *r, int lane, wstate *ws)
         }
         if (post(r, ws, 0, ws->r_step, 0, buf, a, flen, slot) != 0)
             break;
-        ws->r_off += flen;
+        ws->r_frame++;
     }
 }
 
@@ -831,6 +836,16 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
                   &r.err);
     }
     rc = r.err;
+#ifndef NDEBUG
+    /* The design's invariant: an operation that ends has no frame in
+     * flight on any wire (a failed one is shut down below instead). */
+    for (int l = 0; rc == 0 && l < op->nlanes; l++)
+        for (int w = 0; w < (r.sw[l] > r.rw[l] ? r.sw[l] : r.rw[l]); w++)
+            assert(r.ws[l][w].s_count == 0 && r.ws[l][w].r_count == 0);
+    for (int i = 0; rc == 0 && i < r.nchecks; i++)
+        assert((!r.checks[i].send || r.checks[i].sent) &&
+               (!r.checks[i].recv || r.checks[i].got));
+#endif
 out:
     if (rc != 0)
         op_failed(c, rc);

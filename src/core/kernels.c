@@ -150,6 +150,27 @@ float weft__half_to_float(uint16_t h) { return half_decode(h); }
 uint16_t weft__float_to_bf16(float f) { return bf16_encode(f); }
 float weft__bf16_to_float(uint16_t h) { return bf16_decode(h); }
 
+size_t weft_dtype_size(weft_dtype dtype)
+{
+    switch (dtype) {
+    case WEFT_INT8:
+    case WEFT_UINT8:
+        return 1;
+    case WEFT_FLOAT16:
+    case WEFT_BFLOAT16:
+        return 2;
+    case WEFT_INT32:
+    case WEFT_UINT32:
+    case WEFT_FLOAT32:
+        return 4;
+    case WEFT_INT64:
+    case WEFT_UINT64:
+    case WEFT_FLOAT64:
+        return 8;
+    }
+    return 0;
+}
+
 int weft__dtype_valid(int dtype)
 {
     return dtype >= (int)WEFT_INT8 && dtype <= (int)WEFT_FLOAT64;
