@@ -314,22 +314,24 @@ static void check_size(int W, size_t n, size_t frame, int reduce)
     free(rb);
 }
 
-Test(engine, every_size_small)
+/* Every size from 0 to several frames past W * depth * frame. */
+static void every_size_small(int reduce)
 {
     for (int W = 1; W <= MAXW; W++)
         for (size_t n = 0; n <= (size_t)W * WEFT__SEND_DEPTH * FRAME +
                                     3 * FRAME;
              n += 4)
-            check_size(W, n, FRAME, 0);
+            check_size(W, n, FRAME, reduce);
+}
+
+Test(engine, every_size_small)
+{
+    every_size_small(0);
 }
 
 Test(engine, every_size_small_reduced)
 {
-    for (int W = 1; W <= MAXW; W++)
-        for (size_t n = 0; n <= (size_t)W * WEFT__SEND_DEPTH * FRAME +
-                                    3 * FRAME;
-             n += 4)
-            check_size(W, n, FRAME, 1);
+    every_size_small(1);
 }
 
 Test(engine, large_awkward_sizes)
