@@ -113,10 +113,17 @@ WEFT_EXPORT int weft_init(weft_comm **out);
  * promptly even on a failed communicator. Always frees c. */
 WEFT_EXPORT int weft_finalize(weft_comm *c);
 
+/* This process's rank in c, in [0, weft_size(c)), or WEFT_EINVAL when c is
+ * NULL. Never blocks; valid on a failed communicator too. */
 WEFT_EXPORT int weft_rank(const weft_comm *c);
+/* The number of ranks in c (>= 1), or WEFT_EINVAL when c is NULL. */
 WEFT_EXPORT int weft_size(const weft_comm *c);
 
-/* Sets the per-operation deadline in milliseconds (> 0). */
+/* Sets the deadline of each later call on c, in milliseconds (> 0; else
+ * WEFT_EINVAL and the deadline is unchanged). A call's deadline starts when
+ * it is called and covers all of it: every exchange, relay and retry it
+ * takes. A call still running past it returns WEFT_ETIMEDOUT, and c is then
+ * failed. Default: WEFT_TIMEOUT_MS, else 300000. */
 WEFT_EXPORT int weft_set_timeout(weft_comm *c, int timeout_ms);
 
 /* Aborts c: a call blocked on c returns WEFT_EABORTED promptly, and every
@@ -124,9 +131,24 @@ WEFT_EXPORT int weft_set_timeout(weft_comm *c, int timeout_ms);
  * exists (not concurrently with weft_finalize on c). */
 WEFT_EXPORT int weft_abort(weft_comm *c);
 
-/* Collectives. sendbuf == recvbuf is the in-place form. count == 0 is legal
- * and completes without moving data. Results of weft_all_reduce are
- * bitwise identical on every rank. */
+/* Operations, collective and point to point. All of them:
+ * - block until done, WEFT_ETIMEDOUT at the deadline (weft_set_timeout);
+ * - borrow their buffers only for the call;
+ * - take count elements of dtype; count == 0 is legal and completes without
+ *   moving data; a count whose bytes (times the number of ranks, where a
+ *   buffer holds a block per rank) exceed SIZE_MAX / 4 is WEFT_EINVAL;
+ * - return WEFT_EINVAL for bad arguments (NULL buffer with count > 0,
+ *   unknown dtype or op, root or peer out of range) before anything moves,
+ *   leaving c usable;
+ * - on a failure (WEFT_ETIMEDOUT, WEFT_EPEER, WEFT_EMISMATCH,
+ *   WEFT_ETRANSPORT, WEFT_ENOMEM while moving data) fail c: every later
+ *   call on it returns WEFT_EABORTED at once, and weft_last_error(c) keeps
+ *   the cause. weft_finalize, then weft_init, recovers.
+ * Collectives must be called by every rank, in the same order, with the
+ * same count, dtype, op and root (else WEFT_EMISMATCH, see the top).
+ *
+ * sendbuf == recvbuf is the in-place form. Results of weft_all_reduce are
+ * bitwise identical on every rank (the same reduction order everywhere). */
 WEFT_EXPORT int weft_all_reduce(weft_comm *c, const void *sendbuf,
                                 void *recvbuf, size_t count, weft_dtype dtype,
                                 weft_redop op);
@@ -141,10 +163,23 @@ WEFT_EXPORT int weft_all_gather(weft_comm *c, const void *sendbuf,
 WEFT_EXPORT int weft_reduce_scatter(weft_comm *c, const void *sendbuf,
                                     void *recvbuf, size_t recvcount,
                                     weft_dtype dtype, weft_redop op);
+/* Copies count elements of root's buf into buf on every other rank. root
+ * is in [0, size); every rank must name the same one. */
 WEFT_EXPORT int weft_broadcast(weft_comm *c, void *buf, size_t count,
                                weft_dtype dtype, int root);
+/* Sends count elements of buf to peer (not this rank), which must call
+ * weft_recv (or weft_sendrecv) with the same count and dtype; messages
+ * between a pair are matched in order. Returns once the bytes have left
+ * buf (not once they are received), so a send may complete before its
+ * receive is posted. Between ranks whose hosts share no link, the message
+ * is forwarded along the ring by the ranks between, while they are inside
+ * a weft call. A peer that has closed or reset its wires is WEFT_EPEER. */
 WEFT_EXPORT int weft_send(weft_comm *c, const void *buf, size_t count,
                           weft_dtype dtype, int peer);
+/* Receives count elements from peer into buf; the matching weft_send must
+ * give the same count and dtype (else WEFT_EMISMATCH). Bytes a peer sent
+ * before it left are still received; WEFT_EPEER once it has gone and more
+ * was wanted. */
 WEFT_EXPORT int weft_recv(weft_comm *c, void *buf, size_t count,
                           weft_dtype dtype, int peer);
 /* Sends count elements of sendbuf to peer dst while receiving count
@@ -154,6 +189,8 @@ WEFT_EXPORT int weft_recv(weft_comm *c, void *buf, size_t count,
 WEFT_EXPORT int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst,
                               void *recvbuf, int src, size_t count,
                               weft_dtype dtype);
+/* Returns on each rank only once every rank has called it (or fails as
+ * the operations above do). */
 WEFT_EXPORT int weft_barrier(weft_comm *c);
 
 #ifdef __cplusplus
