@@ -98,7 +98,21 @@ int weft_init(weft_comm **out)
         goto fail;
     }
     if (c->nranks > 1) {
-        rc = c->tpo->create(c, &c->tp);
+        c->tpp = calloc(1, sizeof *c->tpp);
+        if (c->tpp == NULL) {
+            rc = WEFT_ENOMEM;
+            goto fail;
+        }
+        *c->tpp = (weft__tp_params){
+            .cfg = &c->cfg,
+            .rank = c->rank,
+            .nranks = c->nranks,
+            .wires = c->cfg.wires,
+            .timeout_ms = c->timeout_ms,
+            .deadline_ms = c->call.deadline_ms,
+            .sink = &c->fail,
+        };
+        rc = c->tpo->create(c->tpp, &c->tp);
         if (rc != 0) {
             snprintf(init_errmsg, sizeof init_errmsg, "%s",
                      c->fail.code != 0 ? c->fail.msg : c->errmsg);
@@ -116,6 +130,7 @@ fail:
     weft__log(WEFT__LOG_ERROR, c->cfg.nranks > 0 ? c->cfg.rank : -1,
               "weft_init: %s: %s", weft_err_name(rc), init_errmsg);
     weft__config_free(&c->cfg);
+    free(c->tpp);
     free(c->send_seq);
     free(c->recv_seq);
     free(c);
@@ -130,6 +145,7 @@ int weft_finalize(weft_comm *c)
         c->tpo->destroy(c->tp);
     weft__engine_free(c);
     weft__config_free(&c->cfg);
+    free(c->tpp);
     free(c->send_seq);
     free(c->recv_seq);
     free(c->scratch);
@@ -156,6 +172,8 @@ int weft_set_timeout(weft_comm *c, int timeout_ms)
                           "weft_set_timeout: timeout_ms must be > 0, got %d",
                           timeout_ms);
     c->timeout_ms = timeout_ms;
+    if (c->tpp != NULL)
+        c->tpp->timeout_ms = timeout_ms;
     return WEFT_OK;
 }
 

@@ -110,6 +110,7 @@ void weft__config_free(weft__config *cfg);
 int weft__config_rank_port(const weft__config *cfg, int r);
 
 struct weft__tp;
+struct weft__tp_params;
 struct weft__engine;
 
 /* Where failures are recorded: code and text together, the first cause
@@ -157,6 +158,7 @@ struct weft_comm {
     uint64_t coll_seq;  /* collectives started on this communicator */
     struct weft__tp *tp;
     const struct weft__tp_ops *tpo;
+    struct weft__tp_params *tpp; /* what the transport was created with */
     struct weft__engine *eng;
     uint32_t *send_seq; /* per peer: point-to-point sends to it */
     uint32_t *recv_seq; /* per peer: point-to-point receives from it */

@@ -152,7 +152,8 @@ typedef struct {
 } ib_peer;
 
 struct ib_tp {
-    struct weft_comm *c;
+    const weft__tp_params *p; /* what create() was given */
+    weft__tp_params boot_p;   /* the same for the TCP side */
     weft__tp *tcp;
     /* The TCP side's failures land here first: a peer's close on it
      * counts only once what the peer wrote before has been handed over
@@ -190,7 +191,7 @@ static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    weft__tp_fail(&tp->c->fail, &tp->err, err, fmt, ap);
+    weft__tp_fail(tp->p->sink, &tp->err, err, fmt, ap);
     va_end(ap);
 }
 
@@ -199,7 +200,7 @@ static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
 static int boot_forward(ib_tp *tp, int err)
 {
     if (err != 0 && tp->boot.code != 0)
-        weft__fail(&tp->c->fail, tp->boot.code, "%s", tp->boot.msg);
+        weft__fail(tp->p->sink, tp->boot.code, "%s", tp->boot.msg);
     return err;
 }
 
@@ -315,10 +316,10 @@ static int dev_get(ib_tp *tp, const char *name, int port, const char *what,
             found = tp->devlist[i];
     if (found == NULL) {
         list_devices(tp, names, sizeof names);
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device \"%s\" (%s) does not "
-                               "exist on this host; devices here: %s",
-                               tp->rank, name, what, names);
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: RDMA device \"%s\" (%s) does not "
+                          "exist on this host; devices here: %s",
+                          tp->rank, name, what, names);
     }
     d = calloc(1, sizeof *d);
     if (d == NULL)
@@ -329,29 +330,28 @@ static int dev_get(ib_tp *tp, const char *name, int port, const char *what,
     tp->devs = d;
     d->ctx = ibv_open_device(found);
     if (d->ctx == NULL)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: cannot open RDMA device %s: %s",
-                               tp->rank, name, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: cannot open RDMA device %s: %s", tp->rank,
+                          name, strerror(errno));
     if ((rc = ibv_query_device(d->ctx, &d->attr)) != 0)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: ibv_query_device(%s): %s", tp->rank,
-                               name, strerror(rc));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_query_device(%s): %s", tp->rank, name,
+                          strerror(rc));
     if (port > d->attr.phys_port_cnt)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s has %d port(s), not "
-                               "port %d (%s)",
-                               tp->rank, name, d->attr.phys_port_cnt, port,
-                               what);
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: RDMA device %s has %d port(s), not "
+                          "port %d (%s)",
+                          tp->rank, name, d->attr.phys_port_cnt, port, what);
     if ((rc = ibv_query_port(d->ctx, (uint8_t)port, &d->pattr)) != 0)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: ibv_query_port(%s, %d): %s", tp->rank,
-                               name, port, strerror(rc));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_query_port(%s, %d): %s", tp->rank, name,
+                          port, strerror(rc));
     if (d->pattr.state != IBV_PORT_ACTIVE)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: port %d of RDMA device %s is %s, "
-                               "not ACTIVE",
-                               tp->rank, port, name,
-                               port_state_name(d->pattr.state));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: port %d of RDMA device %s is %s, "
+                          "not ACTIVE",
+                          tp->rank, port, name,
+                          port_state_name(d->pattr.state));
     *out = d;
     return WEFT_OK;
 }
@@ -443,9 +443,9 @@ static int gid_choose(ib_tp *tp, ib_wire *w, const char *addr)
     if (d->pattr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
         w->gid_index = 0;
         if (ibv_query_gid(d->ctx, (uint8_t)d->port, 0, &w->gid) != 0)
-            return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                                   "rank %d: cannot read GID 0 of %s port %d",
-                                   tp->rank, d->name, d->port);
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: cannot read GID 0 of %s port %d",
+                              tp->rank, d->name, d->port);
         return WEFT_OK;
     }
     w->gid_index =
@@ -454,16 +454,16 @@ static int gid_choose(ib_tp *tp, ib_wire *w, const char *addr)
         return WEFT_OK;
     list_v4_gids(d, have, sizeof have);
     if (addr == NULL)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: RDMA device %s port %d has no RoCE "
-                               "v2 IPv4 GID (is its netdev up with an IPv4 "
-                               "address?)",
-                               tp->rank, d->name, d->port);
-    return weft__set_error(tp->c, WEFT_ECONFIG,
-                           "rank %d: RDMA device %s port %d has no RoCE v2 "
-                           "GID for address %s (the hostfile's address of "
-                           "this link end); its IPv4 GIDs: %s",
-                           tp->rank, d->name, d->port, addr, have);
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: RDMA device %s port %d has no RoCE "
+                          "v2 IPv4 GID (is its netdev up with an IPv4 "
+                          "address?)",
+                          tp->rank, d->name, d->port);
+    return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                      "rank %d: RDMA device %s port %d has no RoCE v2 "
+                      "GID for address %s (the hostfile's address of "
+                      "this link end); its IPv4 GIDs: %s",
+                      tp->rank, d->name, d->port, addr, have);
 }
 
 /* Finds the device port whose GID table holds addr, for link ends that
@@ -494,17 +494,17 @@ static int dev_by_addr(ib_tp *tp, const char *addr, char *name, size_t len,
         if (hit)
             return WEFT_OK;
     }
-    return weft__set_error(tp->c, WEFT_ECONFIG,
-                           "rank %d: no RDMA device has a RoCE v2 GID for "
-                           "address %s; name the device of this link end in "
-                           "the hostfile (\"device\")",
-                           tp->rank, addr);
+    return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                      "rank %d: no RDMA device has a RoCE v2 GID for "
+                      "address %s; name the device of this link end in "
+                      "the hostfile (\"device\")",
+                      tp->rank, addr);
 }
 
 /* The device and address a wire of link `link` uses on this host. */
 static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
 {
-    const weft__config *cfg = &tp->c->cfg;
+    const weft__config *cfg = tp->p->cfg;
     int me = cfg->rank_host[tp->rank];
     const weft__link_end *e = NULL;
     char name[64], what[96];
@@ -528,10 +528,10 @@ static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
     }
     if (link == LINK_LOOPBACK && cfg->ib_device[0] != '\0') {
         if (parse_device(cfg->ib_device, name, sizeof name, &port) != 0)
-            return weft__set_error(tp->c, WEFT_ECONFIG,
-                                   "rank %d: WEFT_IB_DEVICE=\"%s\": expected "
-                                   "a device name, or name:port",
-                                   tp->rank, cfg->ib_device);
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: WEFT_IB_DEVICE=\"%s\": expected "
+                              "a device name, or name:port",
+                              tp->rank, cfg->ib_device);
         /* The link end's address, if that end is on this very device. */
         if (e != NULL && e->device[0] != '\0') {
             char en[64];
@@ -542,10 +542,10 @@ static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
         }
     } else if (e != NULL && e->device[0] != '\0') {
         if (parse_device(e->device, name, sizeof name, &port) != 0)
-            return weft__set_error(tp->c, WEFT_ECONFIG,
-                                   "rank %d: device \"%s\" in %s: expected a "
-                                   "device name, or name:port",
-                                   tp->rank, e->device, what);
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: device \"%s\" in %s: expected a "
+                              "device name, or name:port",
+                              tp->rank, e->device, what);
         addr = e->addr;
     } else if (e != NULL) {
         if ((rc = dev_by_addr(tp, e->addr, name, sizeof name, &port)) != 0)
@@ -554,9 +554,8 @@ static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
     } else {
         /* One host and no links: the first device there is. */
         if (tp->ndevices == 0)
-            return weft__set_error(tp->c, WEFT_ECONFIG,
-                                   "rank %d: no RDMA device on this host",
-                                   tp->rank);
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: no RDMA device on this host", tp->rank);
         snprintf(name, sizeof name, "%s", ibv_get_device_name(tp->devlist[0]));
         snprintf(what, sizeof what, "the first device found");
     }
@@ -1177,9 +1176,8 @@ static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
     if (tp->shut)
         return WEFT_EABORTED;
     if (p < 0 || p >= tp->nranks || wi < 0 || wi >= tp->peers[p].nwires)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: no wire %d to peer %d", tp->rank, wi,
-                               p);
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: no wire %d to peer %d", tp->rank, wi, p);
     *out = &tp->peers[p].w[wi];
     return WEFT_OK;
 }
@@ -1305,7 +1303,7 @@ static int peer_links(const weft__config *cfg, int me, int p, uint32_t *out,
 /* Decides every wire: its link, device port and GID. */
 static int plan(ib_tp *tp)
 {
-    const weft__config *cfg = &tp->c->cfg;
+    const weft__config *cfg = tp->p->cfg;
     int W = tp->wires, rc;
 
     tp->peers = calloc((size_t)tp->nranks, sizeof *tp->peers);
@@ -1320,15 +1318,15 @@ static int plan(ib_tp *tp)
             continue;
         nl = peer_links(cfg, tp->rank, p, links, WEFT__MAX_WIRES);
         if (nl != n)
-            return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                                   "rank %d: %d TCP wires to peer %d but %d "
-                                   "links (internal error)",
-                                   tp->rank, n, p, nl);
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: %d TCP wires to peer %d but %d "
+                              "links (internal error)",
+                              tp->rank, n, p, nl);
         if (n * W > WEFT__MAX_WIRES)
-            return weft__set_error(tp->c, WEFT_ECONFIG,
-                                   "rank %d: %d wires to peer %d, more than "
-                                   "%d",
-                                   tp->rank, n * W, p, WEFT__MAX_WIRES);
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: %d wires to peer %d, more than "
+                              "%d",
+                              tp->rank, n * W, p, WEFT__MAX_WIRES);
         pe->links = calloc((size_t)n, sizeof *pe->links);
         pe->w = calloc((size_t)(n * W), sizeof *pe->w);
         if (pe->links == NULL || pe->w == NULL)
@@ -1363,7 +1361,7 @@ static int plan(ib_tp *tp)
 static int dev_budget(ib_tp *tp, const ib_dev *d)
 {
     const struct ibv_device_attr *a = &d->attr;
-    const weft__config *cfg = &tp->c->cfg;
+    const weft__config *cfg = tp->p->cfg;
     weft__ib_limits lim = {
         .max_qp = a->max_qp,
         .max_mr = a->max_mr,
@@ -1385,7 +1383,7 @@ static int dev_budget(ib_tp *tp, const ib_dev *d)
     char msg[512];
 
     if (weft__ib_budget(&lim, &need, tp->rank, d->name, msg, sizeof msg) != 0)
-        return weft__set_error(tp->c, WEFT_ECONFIG, "%s", msg);
+        return weft__fail(tp->p->sink, WEFT_ECONFIG, "%s", msg);
     return WEFT_OK;
 }
 
@@ -1394,25 +1392,25 @@ static int dev_setup(ib_tp *tp, ib_dev *d)
     int cqe = d->nqp * (tp->sq_depth + tp->rq_depth);
 
     if ((d->pd = ibv_alloc_pd(d->ctx)) == NULL)
-        return weft__set_error(tp->c, WEFT_ENOMEM,
-                               "rank %d: ibv_alloc_pd on RDMA device %s: %s",
-                               tp->rank, d->name, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                          "rank %d: ibv_alloc_pd on RDMA device %s: %s",
+                          tp->rank, d->name, strerror(errno));
     if ((d->ch = ibv_create_comp_channel(d->ctx)) == NULL)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: ibv_create_comp_channel on RDMA "
-                               "device %s: %s",
-                               tp->rank, d->name, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_create_comp_channel on RDMA "
+                          "device %s: %s",
+                          tp->rank, d->name, strerror(errno));
     if ((d->cq = ibv_create_cq(d->ctx, cqe, NULL, d->ch, 0)) == NULL)
-        return weft__set_error(tp->c, WEFT_ENOMEM,
-                               "rank %d: ibv_create_cq of %d entries on RDMA "
-                               "device %s: %s",
-                               tp->rank, cqe, d->name, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                          "rank %d: ibv_create_cq of %d entries on RDMA "
+                          "device %s: %s",
+                          tp->rank, cqe, d->name, strerror(errno));
     /* progress() polls, then sleeps in poll(): reads must not block. */
     if (set_nonblock(d->ch->fd) != 0 || set_nonblock(d->ctx->async_fd) != 0)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: cannot make the event fds of RDMA "
-                               "device %s non-blocking: %s",
-                               tp->rank, d->name, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: cannot make the event fds of RDMA "
+                          "device %s non-blocking: %s",
+                          tp->rank, d->name, strerror(errno));
     return WEFT_OK;
 }
 
@@ -1428,11 +1426,11 @@ static int reg_failed(ib_tp *tp, const ib_dev *d, size_t bytes, int err)
             snprintf(lim, sizeof lim, "%llu bytes",
                      (unsigned long long)rl.rlim_cur);
     }
-    return weft__set_error(tp->c, WEFT_ENOMEM,
-                           "rank %d: cannot register %zu bytes with RDMA "
-                           "device %s: %s (locked-memory limit: %s; raise "
-                           "it with ulimit -l, or lower WEFT_IB_SLOTS)",
-                           tp->rank, bytes, d->name, strerror(err), lim);
+    return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                      "rank %d: cannot register %zu bytes with RDMA "
+                      "device %s: %s (locked-memory limit: %s; raise "
+                      "it with ulimit -l, or lower WEFT_IB_SLOTS)",
+                      tp->rank, bytes, d->name, strerror(err), lim);
 }
 
 /* Rings, their registrations and the queue pair, moved to INIT, with its
@@ -1478,27 +1476,26 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
                                  IBV_ACCESS_REMOTE_WRITE)) == NULL)
         return reg_failed(tp, d, ring, errno);
     if ((w->qp = ibv_create_qp(d->pd, &qia)) == NULL)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: ibv_create_qp on RDMA device %s for "
-                               "wire %d to peer %d: %s",
-                               tp->rank, d->name, w->w, w->peer,
-                               strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_create_qp on RDMA device %s for "
+                          "wire %d to peer %d: %s",
+                          tp->rank, d->name, w->w, w->peer, strerror(errno));
     if ((rc = ibv_modify_qp(w->qp, &qa,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                 IBV_QP_ACCESS_FLAGS)) != 0)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: queue pair of wire %d to peer %d on "
-                               "%s: cannot move to INIT: %s",
-                               tp->rank, w->w, w->peer, d->name, strerror(rc));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: queue pair of wire %d to peer %d on "
+                          "%s: cannot move to INIT: %s",
+                          tp->rank, w->w, w->peer, d->name, strerror(rc));
     /* Any 24-bit start will do; a different one per connection keeps a
      * stale packet of an earlier job from looking current. */
     w->psn = (uint32_t)((weft__now_ns() ^ ((uint64_t)(uintptr_t)w >> 4) ^
                          ((uint64_t)getpid() << 8)) &
                         0xffffff);
     if ((rc = post_recvs(w, tp->rq_depth)) != 0)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: ibv_post_recv on %s: %s", tp->rank,
-                               d->name, strerror(rc));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_post_recv on %s: %s", tp->rank, d->name,
+                          strerror(rc));
     return WEFT_OK;
 }
 
@@ -1539,26 +1536,25 @@ static int check_header(ib_tp *tp, const ib_link *lk)
     if (get32(b) != IB_MAGIC || get32(b + 4) != IB_VERSION ||
         get32(b + 8) != (uint32_t)lk->peer ||
         get32(b + 12) != (uint32_t)tp->rank)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: peer %d sent a garbled ibverbs "
-                               "set-up message on TCP wire %d",
-                               tp->rank, lk->peer, lk->twire);
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: peer %d sent a garbled ibverbs "
+                          "set-up message on TCP wire %d",
+                          tp->rank, lk->peer, lk->twire);
     if (get32(b + 16) != lk->link)
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: peer %d's TCP wire %d runs on link "
-                               "%d, this rank's on link %d (internal error)",
-                               tp->rank, lk->peer, lk->twire,
-                               (int)get32(b + 16), (int)lk->link);
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: peer %d's TCP wire %d runs on link "
+                          "%d, this rank's on link %d (internal error)",
+                          tp->rank, lk->peer, lk->twire, (int)get32(b + 16),
+                          (int)lk->link);
     if (get32(b + 20) != (uint32_t)tp->wires ||
         get32(b + 24) != (uint32_t)tp->slots ||
         get32(b + 28) != (uint32_t)tp->slot_bytes)
-        return weft__set_error(tp->c, WEFT_ECONFIG,
-                               "rank %d: peer %d runs WEFT_WIRES=%u, "
-                               "WEFT_IB_SLOTS=%u, WEFT_IB_SLOT_BYTES=%u, this "
-                               "rank %d, %d, %zu; give every rank the same",
-                               tp->rank, lk->peer, get32(b + 20), get32(b + 24),
-                               get32(b + 28), tp->wires, tp->slots,
-                               tp->slot_bytes);
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: peer %d runs WEFT_WIRES=%u, "
+                          "WEFT_IB_SLOTS=%u, WEFT_IB_SLOT_BYTES=%u, this "
+                          "rank %d, %d, %zu; give every rank the same",
+                          tp->rank, lk->peer, get32(b + 20), get32(b + 24),
+                          get32(b + 28), tp->wires, tp->slots, tp->slot_bytes);
     return WEFT_OK;
 }
 
@@ -1607,13 +1603,13 @@ static int wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
     }
     if (rc != 0) {
         char lname[32];
-        return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                               "rank %d: cannot connect the queue pair of "
-                               "wire %d to peer %d (%s, device %s port %d, "
-                               "GID index %d): %s",
-                               tp->rank, w->w, w->peer,
-                               link_name(w, lname, sizeof lname), w->dev->name,
-                               w->dev->port, w->gid_index, strerror(rc));
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: cannot connect the queue pair of "
+                          "wire %d to peer %d (%s, device %s port %d, "
+                          "GID index %d): %s",
+                          tp->rank, w->w, w->peer,
+                          link_name(w, lname, sizeof lname), w->dev->name,
+                          w->dev->port, w->gid_index, strerror(rc));
     }
     return WEFT_OK;
 }
@@ -1667,12 +1663,11 @@ static int setup_wait(ib_tp *tp, uint64_t deadline, const char *what)
     while (tp->setup_pending > 0) {
         int rc = weft__tcp_ops.progress(tp->tcp, deadline);
         if (rc == WEFT_ETIMEDOUT)
-            return weft__set_error(tp->c, WEFT_ETIMEDOUT,
-                                   "rank %d: ibverbs set-up (%s) with the "
-                                   "peers did not finish within "
-                                   "WEFT_CONNECT_TIMEOUT_MS=%d ms",
-                                   tp->rank, what,
-                                   tp->c->cfg.connect_timeout_ms);
+            return weft__fail(tp->p->sink, WEFT_ETIMEDOUT,
+                              "rank %d: ibverbs set-up (%s) with the "
+                              "peers did not finish within "
+                              "WEFT_CONNECT_TIMEOUT_MS=%d ms",
+                              tp->rank, what, tp->p->cfg->connect_timeout_ms);
         if (rc != 0)
             return rc;
     }
@@ -1738,10 +1733,10 @@ static int exchange(ib_tp *tp, uint64_t deadline)
     FOR_EACH_LINK(tp, pe, lk)
     {
         if (lk->bye_in != 'R')
-            return weft__set_error(tp->c, WEFT_ETRANSPORT,
-                                   "rank %d: peer %d sent garbage instead of "
-                                   "ready on TCP wire %d",
-                                   tp->rank, lk->peer, lk->twire);
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: peer %d sent garbage instead of "
+                              "ready on TCP wire %d",
+                              tp->rank, lk->peer, lk->twire);
         /* From now on a receive stays posted on every TCP wire: the peer's
          * goodbye completes it, and a peer that dies without one closes the
          * connection under it (WEFT_EPEER at once). */
@@ -1760,7 +1755,7 @@ static int exchange(ib_tp *tp, uint64_t deadline)
 static void drain_writes(ib_tp *tp)
 {
     int tmo =
-        tp->c->timeout_ms < DRAIN_MAX_MS ? tp->c->timeout_ms : DRAIN_MAX_MS;
+        tp->p->timeout_ms < DRAIN_MAX_MS ? tp->p->timeout_ms : DRAIN_MAX_MS;
     uint64_t deadline = weft__now_ms() + (uint64_t)tmo;
 
     for (;;) {
@@ -1878,32 +1873,35 @@ static void ib_destroy(weft__tp *t)
 
 static int ib_create_guarded(ib_tp *tp)
 {
-    struct weft_comm *c = tp->c;
     uint64_t deadline;
     int rc, ndev = 0;
 
+    /* One TCP connection per link; its failures go to tp->boot first. */
     tp->boot.rank = tp->rank;
-    if ((rc = weft__tcp_create_wires(c, 1, &tp->boot, &tp->tcp)) != 0)
+    tp->boot_p = *tp->p;
+    tp->boot_p.wires = 1;
+    tp->boot_p.sink = &tp->boot;
+    if ((rc = weft__tcp_create_wires(&tp->boot_p, &tp->tcp)) != 0)
         return boot_forward(tp, rc);
     /* weft_init's one deadline covers the TCP wires and this set-up
      * alike. */
-    deadline = c->call.deadline_ms;
+    deadline = tp->p->deadline_ms;
     tp->devlist = ibv_get_device_list(&tp->ndevices);
     if (tp->devlist == NULL)
-        return weft__set_error(c, WEFT_ECONFIG,
-                               "rank %d: no RDMA devices: "
-                               "ibv_get_device_list: %s (is an RDMA driver "
-                               "loaded, or for Soft-RoCE, `rdma link add` "
-                               "done?)",
-                               tp->rank, strerror(errno));
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: no RDMA devices: "
+                          "ibv_get_device_list: %s (is an RDMA driver "
+                          "loaded, or for Soft-RoCE, `rdma link add` "
+                          "done?)",
+                          tp->rank, strerror(errno));
     if ((rc = plan(tp)) != 0)
         return rc;
     for (ib_dev *d = tp->devs; d != NULL; d = d->next)
         if (++ndev > MAX_DEVS)
-            return weft__set_error(c, WEFT_ECONFIG,
-                                   "rank %d: wires on more than %d RDMA "
-                                   "device ports",
-                                   tp->rank, MAX_DEVS);
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: wires on more than %d RDMA "
+                              "device ports",
+                              tp->rank, MAX_DEVS);
     /* Every device's budget first: nothing is created on any of them
      * when one cannot hold its share. */
     for (ib_dev *d = tp->devs; d != NULL; d = d->next)
@@ -1923,7 +1921,7 @@ static int ib_create_guarded(ib_tp *tp)
     return WEFT_OK;
 }
 
-static int ib_create(struct weft_comm *c, weft__tp **out)
+static int ib_create(const weft__tp_params *p, weft__tp **out)
 {
     ib_tp *tp = calloc(1, sizeof *tp);
     weft__sigpipe_state sp;
@@ -1932,19 +1930,19 @@ static int ib_create(struct weft_comm *c, weft__tp **out)
     *out = NULL;
     if (tp == NULL)
         return WEFT_ENOMEM;
-    tp->c = c;
-    tp->rank = c->rank;
-    tp->nranks = c->nranks;
-    tp->wires = c->cfg.wires;
-    tp->slots = c->cfg.ib_slots;
-    tp->slot_bytes = c->cfg.ib_slot_bytes;
+    tp->p = p;
+    tp->rank = p->rank;
+    tp->nranks = p->nranks;
+    tp->wires = p->wires;
+    tp->slots = p->cfg->ib_slots;
+    tp->slot_bytes = p->cfg->ib_slot_bytes;
     /* Send queue: a ring of writes plus credits (capped at credit_max);
      * receive queue: a ring of writes plus the credits a peer may have in
      * flight, with room to spare (a short one only costs an RNR retry). */
     tp->credit_max = tp->slots + 2;
     tp->sq_depth = tp->slots + tp->credit_max;
     tp->rq_depth = 2 * tp->slots + 4;
-    tp->spin_ns = (uint64_t)c->cfg.spin_us * 1000u;
+    tp->spin_ns = (uint64_t)p->cfg->spin_us * 1000u;
     weft__sigpipe_block(&sp);
     rc = boot_forward(tp, ib_create_guarded(tp));
     weft__sigpipe_restore(&sp);

@@ -177,7 +177,7 @@ struct tcp_tp {
     uv_timer_t timer;     /* deadline of progress() */
     uv_timer_t housekeep; /* connect retries and handshake deadlines */
     uv_async_t async;
-    struct weft_comm *c;
+    const weft__config *cfg;
     weft__errsink *sink; /* where failures are recorded */
     int rank;
     int nranks;
@@ -350,14 +350,14 @@ static void pending_remove(tcp_tp *tp, conn *k)
 
 static void tune_socket(conn *k)
 {
-    int sz = k->tp->c->cfg.sockbuf_bytes;
+    int sz = k->tp->cfg->sockbuf_bytes;
 
     uv_tcp_nodelay(&k->h, 1);
     /* A refusal (a capped system) only costs speed, so it is not an
      * error. 0 leaves the buffers to the kernel's autotuning. */
     if (sz > 0) {
         uv_send_buffer_size((uv_handle_t *)&k->h, &sz);
-        sz = k->tp->c->cfg.sockbuf_bytes;
+        sz = k->tp->cfg->sockbuf_bytes;
         uv_recv_buffer_size((uv_handle_t *)&k->h, &sz);
     }
 }
@@ -826,7 +826,7 @@ static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
     put32(out + 12, (uint32_t)to);
     put32(out + 16, s->link);
     put32(out + 20, s->lwire);
-    memcpy(out + 24, tp->c->cfg.token, WEFT__TOKEN_BYTES);
+    memcpy(out + 24, tp->cfg->token, WEFT__TOKEN_BYTES);
 }
 
 static void reject(conn *k, const char *why)
@@ -879,7 +879,7 @@ static void hello_done(conn *k)
         return reject(k, "not a weft hello (bad magic)");
     if (get32(k->hbuf + 4) != HELLO_VERSION)
         return reject(k, "unsupported protocol version");
-    if (!token_equal(k->hbuf + 24, tp->c->cfg.token))
+    if (!token_equal(k->hbuf + 24, tp->cfg->token))
         return reject(k, "wrong job token (WEFT_JOB_TOKEN)");
     if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
         from <= (uint32_t)tp->rank)
@@ -1525,7 +1525,7 @@ static int job_relays(const weft__config *cfg)
 
 static int plan_slots(tcp_tp *tp, int W)
 {
-    const weft__config *cfg = &tp->c->cfg;
+    const weft__config *cfg = tp->cfg;
     int relays = job_relays(cfg);
     int right = (tp->rank + 1) % tp->nranks;
     int left = (tp->rank + tp->nranks - 1) % tp->nranks;
@@ -1703,30 +1703,23 @@ static void tcp_destroy(weft__tp *t)
     free(tp);
 }
 
-static int tcp_create_guarded(struct weft_comm *c, int wires,
-                              weft__errsink *sink, weft__tp **out);
+static int tcp_create_guarded(const weft__tp_params *p, weft__tp **out);
 
-int weft__tcp_create_wires(struct weft_comm *c, int wires,
-                           weft__errsink *sink, weft__tp **out)
+int weft__tcp_create_wires(const weft__tp_params *p, weft__tp **out)
 {
     weft__sigpipe_state sp;
     int rc;
 
     weft__sigpipe_block(&sp);
-    rc = tcp_create_guarded(c, wires, sink != NULL ? sink : &c->fail, out);
+    rc = tcp_create_guarded(p, out);
     weft__sigpipe_restore(&sp);
     return rc;
 }
 
-static int tcp_create(struct weft_comm *c, weft__tp **out)
+static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
 {
-    return weft__tcp_create_wires(c, c->cfg.wires, NULL, out);
-}
-
-static int tcp_create_guarded(struct weft_comm *c, int wires,
-                              weft__errsink *sink, weft__tp **out)
-{
-    const weft__config *cfg = &c->cfg;
+    const weft__config *cfg = par->cfg;
+    weft__errsink *sink = par->sink;
     tcp_tp *tp = calloc(1, sizeof *tp);
     struct sockaddr_in sa;
     uint64_t deadline;
@@ -1735,11 +1728,11 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
     *out = NULL;
     if (tp == NULL)
         return WEFT_ENOMEM;
-    tp->c = c;
+    tp->cfg = cfg;
     tp->sink = sink;
-    tp->rank = c->rank;
-    tp->nranks = c->nranks;
-    if ((rc = plan_slots(tp, wires)) != 0)
+    tp->rank = par->rank;
+    tp->nranks = par->nranks;
+    if ((rc = plan_slots(tp, par->wires)) != 0)
         goto fail;
     if (uv_loop_init(&tp->loop) != 0) {
         rc = weft__fail(sink, WEFT_ETRANSPORT, "cannot create a libuv loop");
@@ -1750,7 +1743,7 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
     tp->housekeep.data = tp;
     uv_async_init(&tp->loop, &tp->async, async_cb);
     tp->async.data = tp;
-    tp->spin_ns = (uint64_t)c->cfg.spin_us * 1000u;
+    tp->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     uv_tcp_init(&tp->loop, &tp->listener);
     tp->listener.data = tp;
     tp->handles = 1;
@@ -1774,7 +1767,7 @@ static int tcp_create_guarded(struct weft_comm *c, int wires,
         }
     }
     /* weft_init's one deadline, whatever else set-up takes after this. */
-    deadline = c->call.deadline_ms;
+    deadline = par->deadline_ms;
     uv_timer_start(&tp->housekeep, housekeep_cb, 0, RETRY_MS);
     while (!all_up(tp)) {
         if (tp->err != 0) {
@@ -1915,7 +1908,7 @@ int weft__tcp_timeout(weft__tp *t)
 
 const weft__tp_ops weft__tcp_ops = {
     .name = "tcp",
-    .create = tcp_create,
+    .create = weft__tcp_create_wires,
     .destroy = tcp_destroy,
     .nwires = tcp_nwires,
     .post_send = tcp_post_send,

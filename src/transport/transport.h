@@ -52,12 +52,26 @@ static inline void weft__xq_push(weft__xfer **head, weft__xfer **tail,
     *tail = x;
 }
 
+/* What a transport is given to open its wires: the job (hostfile and
+ * environment), who this rank is, where its failures are recorded, and when
+ * set-up must be over. It never sees the communicator. */
+typedef struct weft__tp_params {
+    const weft__config *cfg;
+    int rank;
+    int nranks;
+    int wires;            /* connections per peer on each link */
+    int timeout_ms;       /* the per-call deadline, for waits of its own */
+    uint64_t deadline_ms; /* set-up ends by then (weft__now_ms clock) */
+    weft__errsink *sink;  /* failures, first cause first */
+} weft__tp_params;
+
 typedef struct weft__tp_ops {
     const char *name;
-    /* Opens every wire of the job for c (listens, connects, handshakes with
-     * the job token). Blocks until all wires are up or the connect deadline
-     * passes (WEFT_ETIMEDOUT). On failure nothing is left open. */
-    int (*create)(struct weft_comm *c, weft__tp **out);
+    /* Opens every wire of the job (listens, connects, handshakes with the
+     * job token). Blocks until all wires are up or p->deadline_ms passes
+     * (WEFT_ETIMEDOUT). On failure nothing is left open and p->sink says
+     * why. p and what it points to outlive the transport. */
+    int (*create)(const weft__tp_params *p, weft__tp **out);
     /* Closes every wire and frees the transport; no callback runs after it
      * returns. NULL is a no-op. */
     void (*destroy)(weft__tp *tp);
@@ -89,9 +103,8 @@ extern const weft__tp_ops weft__tcp_ops;
 /* The TCP transport as a base for others: the ibverbs transport opens its
  * bootstrap and liveness connections through these, then drives them from
  * its own progress().
- * - weft__tcp_create_wires: as weft__tcp_ops.create, with `wires`
- *   connections per link (instead of the configured WEFT_WIRES), recording
- *   its failures in sink (NULL: the communicator's record). The wires
+ * - weft__tcp_create_wires: as weft__tcp_ops.create; the caller picks the
+ *   wires per link and the sink in p. The wires
  *   are numbered as create numbers them: per peer, the links joining the
  *   two hosts in hostfile order (or loopback), `wires` on each.
  * - weft__tcp_poll: one pass that never blocks: writes queued sends,
@@ -102,8 +115,7 @@ extern const weft__tp_ops weft__tcp_ops;
  *   readable when the TCP side has work, and the longest a caller may sleep
  *   on it (ms, -1: no limit; 0: call weft__tcp_poll first), as libuv's
  *   uv_backend_fd and uv_backend_timeout. wake() makes the fd readable. */
-int weft__tcp_create_wires(struct weft_comm *c, int wires,
-                           weft__errsink *sink, weft__tp **out);
+int weft__tcp_create_wires(const weft__tp_params *p, weft__tp **out);
 int weft__tcp_poll(weft__tp *tp);
 int weft__tcp_fd(weft__tp *tp);
 int weft__tcp_timeout(weft__tp *tp);
