@@ -22,24 +22,7 @@ const char *weft_last_error(const weft_comm *c)
 {
     if (c == NULL)
         return init_errmsg;
-    return c->fail.code != 0 ? c->fail.msg : c->errmsg;
-}
-
-int weft__scratch(struct weft_comm *c, size_t nbytes, void **out)
-{
-    if (nbytes > c->scratch_bytes) {
-        void *p = realloc(c->scratch, nbytes);
-        if (p == NULL)
-            /* Before anything of the call moved: c stays usable. */
-            return weft__note(c, WEFT_ENOMEM,
-                              "rank %d: cannot allocate %zu bytes of "
-                              "scratch",
-                              c->rank, nbytes);
-        c->scratch = p;
-        c->scratch_bytes = nbytes;
-    }
-    *out = c->scratch;
-    return WEFT_OK;
+    return c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg;
 }
 
 static const weft__tp_ops *pick_transport(const char *name)
@@ -71,18 +54,19 @@ int weft_init(weft_comm **out)
     rc = weft__config_load(&c->cfg, init_errmsg, sizeof init_errmsg);
     if (rc != 0)
         goto fail;
-    c->rank = c->cfg.rank;
-    c->nranks = c->cfg.nranks;
-    c->timeout_ms = c->cfg.timeout_ms;
-    c->fail.rank = c->rank;
+    c->x.cfg = &c->cfg;
+    c->x.rank = c->cfg.rank;
+    c->x.nranks = c->cfg.nranks;
+    c->x.timeout_ms = c->cfg.timeout_ms;
+    c->x.fail.rank = c->x.rank;
     /* One deadline for the whole set-up, whatever layers it takes (the
      * ibverbs transport's exchange runs over the TCP one's wires). */
-    c->call.name = "weft_init";
-    c->call.deadline_ms =
+    c->x.call.name = "weft_init";
+    c->x.call.deadline_ms =
         weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
-    atomic_init(&c->aborted, 0);
-    c->tpo = pick_transport(c->cfg.transport);
-    if (c->tpo == NULL) {
+    atomic_init(&c->x.aborted, 0);
+    c->x.tpo = pick_transport(c->cfg.transport);
+    if (c->x.tpo == NULL) {
         snprintf(init_errmsg, sizeof init_errmsg,
                  "transport \"%s\" is not available in this build of weft "
                  "(the ibverbs transport is built only where configure "
@@ -91,13 +75,13 @@ int weft_init(weft_comm **out)
         rc = WEFT_ENOTSUP;
         goto fail;
     }
-    c->send_seq = calloc((size_t)c->nranks, sizeof *c->send_seq);
-    c->recv_seq = calloc((size_t)c->nranks, sizeof *c->recv_seq);
-    if (c->send_seq == NULL || c->recv_seq == NULL) {
+    c->x.send_seq = calloc((size_t)c->x.nranks, sizeof *c->x.send_seq);
+    c->x.recv_seq = calloc((size_t)c->x.nranks, sizeof *c->x.recv_seq);
+    if (c->x.send_seq == NULL || c->x.recv_seq == NULL) {
         rc = WEFT_ENOMEM;
         goto fail;
     }
-    if (c->nranks > 1) {
+    if (c->x.nranks > 1) {
         c->tpp = calloc(1, sizeof *c->tpp);
         if (c->tpp == NULL) {
             rc = WEFT_ENOMEM;
@@ -105,22 +89,22 @@ int weft_init(weft_comm **out)
         }
         *c->tpp = (weft__tp_params){
             .cfg = &c->cfg,
-            .rank = c->rank,
-            .nranks = c->nranks,
+            .rank = c->x.rank,
+            .nranks = c->x.nranks,
             .wires = c->cfg.wires,
-            .timeout_ms = c->timeout_ms,
-            .deadline_ms = c->call.deadline_ms,
-            .sink = &c->fail,
+            .timeout_ms = c->x.timeout_ms,
+            .deadline_ms = c->x.call.deadline_ms,
+            .sink = &c->x.fail,
         };
-        rc = c->tpo->create(c->tpp, &c->tp);
+        rc = c->x.tpo->create(c->tpp, &c->x.tp);
         if (rc != 0) {
             snprintf(init_errmsg, sizeof init_errmsg, "%s",
-                     c->fail.code != 0 ? c->fail.msg : c->errmsg);
+                     c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg);
             goto fail;
         }
     }
-    weft__log(WEFT__LOG_DEBUG, c->rank, "initialised: %d ranks over %s",
-              c->nranks, c->tpo->name);
+    weft__log(WEFT__LOG_DEBUG, c->x.rank, "initialised: %d ranks over %s",
+              c->x.nranks, c->x.tpo->name);
     *out = c;
     return WEFT_OK;
 
@@ -131,8 +115,8 @@ fail:
               "weft_init: %s: %s", weft_err_name(rc), init_errmsg);
     weft__config_free(&c->cfg);
     free(c->tpp);
-    free(c->send_seq);
-    free(c->recv_seq);
+    free(c->x.send_seq);
+    free(c->x.recv_seq);
     free(c);
     return rc;
 }
@@ -141,26 +125,26 @@ int weft_finalize(weft_comm *c)
 {
     if (c == NULL)
         return WEFT_OK;
-    if (c->tp != NULL)
-        c->tpo->destroy(c->tp);
-    weft__engine_free(c);
+    if (c->x.tp != NULL)
+        c->x.tpo->destroy(c->x.tp);
+    weft__engine_free(&c->x);
     weft__config_free(&c->cfg);
     free(c->tpp);
-    free(c->send_seq);
-    free(c->recv_seq);
-    free(c->scratch);
+    free(c->x.send_seq);
+    free(c->x.recv_seq);
+    free(c->x.scratch);
     free(c);
     return WEFT_OK;
 }
 
 int weft_rank(const weft_comm *c)
 {
-    return c == NULL ? WEFT_EINVAL : c->rank;
+    return c == NULL ? WEFT_EINVAL : c->x.rank;
 }
 
 int weft_size(const weft_comm *c)
 {
-    return c == NULL ? WEFT_EINVAL : c->nranks;
+    return c == NULL ? WEFT_EINVAL : c->x.nranks;
 }
 
 int weft_set_timeout(weft_comm *c, int timeout_ms)
@@ -168,10 +152,10 @@ int weft_set_timeout(weft_comm *c, int timeout_ms)
     if (c == NULL)
         return WEFT_EINVAL;
     if (timeout_ms <= 0)
-        return weft__note(c, WEFT_EINVAL,
+        return weft__note(&c->x, WEFT_EINVAL,
                           "weft_set_timeout: timeout_ms must be > 0, got %d",
                           timeout_ms);
-    c->timeout_ms = timeout_ms;
+    c->x.timeout_ms = timeout_ms;
     if (c->tpp != NULL)
         c->tpp->timeout_ms = timeout_ms;
     return WEFT_OK;
@@ -181,9 +165,9 @@ int weft_abort(weft_comm *c)
 {
     if (c == NULL)
         return WEFT_EINVAL;
-    atomic_store(&c->aborted, 1);
-    if (c->tp != NULL)
-        c->tpo->wake(c->tp);
+    atomic_store(&c->x.aborted, 1);
+    if (c->x.tp != NULL)
+        c->x.tpo->wake(c->x.tp);
     return WEFT_OK;
 }
 
@@ -198,7 +182,7 @@ static int inval(weft_comm *c, const char *fmt, ...)
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    vsnprintf(c->x.errmsg, sizeof c->x.errmsg, fmt, ap);
     va_end(ap);
     return WEFT_EINVAL;
 }
@@ -210,10 +194,10 @@ static int check(weft_comm *c, const char *name, size_t count,
 {
     size_t es;
 
-    if (c->fail.code != 0 || atomic_load(&c->aborted)) {
-        weft__set_error(c, WEFT_EABORTED,
+    if (c->x.fail.code != 0 || atomic_load(&c->x.aborted)) {
+        weft__set_error(&c->x, WEFT_EABORTED,
                         "rank %d: communicator aborted by weft_abort()",
-                        c->rank);
+                        c->x.rank);
         return WEFT_EABORTED;
     }
     if (!weft__dtype_valid((int)dtype))
@@ -238,9 +222,9 @@ static int check(weft_comm *c, const char *name, size_t count,
 static void call_begin(weft_comm *c, int kind, const char *name,
                        weft_dtype dtype, int redop, int root, size_t count)
 {
-    weft__call *k = &c->call;
+    weft__call *k = &c->x.call;
 
-    k->deadline_ms = weft__now_ms() + (uint64_t)c->timeout_ms;
+    k->deadline_ms = weft__now_ms() + (uint64_t)c->x.timeout_ms;
     k->name = name;
     k->kind = kind;
     k->dtype = (int)dtype;
@@ -265,24 +249,24 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         return inval(c, "all_reduce: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
-    if (c->nranks == 1) {
+    if (c->x.nranks == 1) {
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
     call_begin(c, WEFT__OP_ALL_REDUCE, "all_reduce", dtype, (int)op, -1,
                count);
-    if (weft__mesh_ok(c)) {
-        if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
+    if (weft__mesh_ok(&c->x)) {
+        if (count * weft_dtype_size(dtype) * (size_t)c->x.nranks <=
             c->cfg.mesh_small_all_reduce_bytes)
-            return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype,
+            return weft__direct_all_reduce(&c->x, sendbuf, recvbuf, count, dtype,
                                            op);
-        return weft__mesh_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+        return weft__mesh_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
     }
-    if (count * weft_dtype_size(dtype) * (size_t)c->nranks <=
+    if (count * weft_dtype_size(dtype) * (size_t)c->x.nranks <=
             c->cfg.small_all_reduce_bytes &&
-        weft__direct_ok(c))
-        return weft__direct_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
-    return weft__ring_all_reduce(c, sendbuf, recvbuf, count, dtype, op);
+        weft__direct_ok(&c->x))
+        return weft__direct_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
+    return weft__ring_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
 }
 
 int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
@@ -291,21 +275,21 @@ int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
     int rc;
 
     CHECK_COMM(c);
-    if ((rc = check(c, "all_gather", count, dtype, (size_t)c->nranks)) != 0)
+    if ((rc = check(c, "all_gather", count, dtype, (size_t)c->x.nranks)) != 0)
         return rc;
     if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
         return inval(c, "all_gather: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
-    if (c->nranks == 1) {
+    if (c->x.nranks == 1) {
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
     call_begin(c, WEFT__OP_ALL_GATHER, "all_gather", dtype, -1, -1, count);
-    if (weft__mesh_ok(c))
-        return weft__mesh_all_gather(c, sendbuf, recvbuf, count, dtype,
+    if (weft__mesh_ok(&c->x))
+        return weft__mesh_all_gather(&c->x, sendbuf, recvbuf, count, dtype,
                                      WEFT__OP_ALL_GATHER, "all_gather");
-    return weft__ring_all_gather(c, sendbuf, recvbuf, count, dtype,
+    return weft__ring_all_gather(&c->x, sendbuf, recvbuf, count, dtype,
                                  WEFT__OP_ALL_GATHER, "all_gather");
 }
 
@@ -316,7 +300,7 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
 
     CHECK_COMM(c);
     if ((rc = check(c, "reduce_scatter", recvcount, dtype,
-                    (size_t)c->nranks)) != 0)
+                    (size_t)c->x.nranks)) != 0)
         return rc;
     if (!weft__op_valid((int)op))
         return inval(c, "reduce_scatter: unknown op %d", (int)op);
@@ -325,16 +309,16 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
                      recvcount);
     if (recvcount == 0)
         return WEFT_OK;
-    if (c->nranks == 1) {
+    if (c->x.nranks == 1) {
         memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
         return WEFT_OK;
     }
     call_begin(c, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dtype, (int)op,
                -1, recvcount);
-    if (weft__mesh_ok(c))
-        return weft__mesh_reduce_scatter(c, sendbuf, recvbuf, recvcount,
+    if (weft__mesh_ok(&c->x))
+        return weft__mesh_reduce_scatter(&c->x, sendbuf, recvbuf, recvcount,
                                          dtype, op);
-    return weft__ring_reduce_scatter(c, sendbuf, recvbuf, recvcount, dtype,
+    return weft__ring_reduce_scatter(&c->x, sendbuf, recvbuf, recvcount, dtype,
                                      op);
 }
 
@@ -346,17 +330,17 @@ int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
     CHECK_COMM(c);
     if ((rc = check(c, "broadcast", count, dtype, 1)) != 0)
         return rc;
-    if (root < 0 || root >= c->nranks)
+    if (root < 0 || root >= c->x.nranks)
         return inval(c, "broadcast: root %d out of range [0, %d)", root,
-                     c->nranks);
+                     c->x.nranks);
     if (count > 0 && buf == NULL)
         return inval(c, "broadcast: NULL buffer with count %zu", count);
-    if (count == 0 || c->nranks == 1)
+    if (count == 0 || c->x.nranks == 1)
         return WEFT_OK;
     call_begin(c, WEFT__OP_BROADCAST, "broadcast", dtype, -1, root, count);
-    if (weft__mesh_ok(c))
-        return weft__mesh_broadcast(c, buf, count, dtype, root);
-    return weft__ring_broadcast(c, buf, count, dtype, root);
+    if (weft__mesh_ok(&c->x))
+        return weft__mesh_broadcast(&c->x, buf, count, dtype, root);
+    return weft__ring_broadcast(&c->x, buf, count, dtype, root);
 }
 
 static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
@@ -367,10 +351,10 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
     CHECK_COMM(c);
     if ((rc = check(c, name, count, dtype, 1)) != 0)
         return rc;
-    if (peer < 0 || peer >= c->nranks)
+    if (peer < 0 || peer >= c->x.nranks)
         return inval(c, "%s: peer %d out of range [0, %d)", name, peer,
-                     c->nranks);
-    if (peer == c->rank)
+                     c->x.nranks);
+    if (peer == c->x.rank)
         return inval(c, "%s: peer %d is this rank (a blocking send to "
                         "oneself cannot complete)",
                      name, peer);
@@ -379,7 +363,7 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
     if (count == 0)
         return WEFT_OK;
     call_begin(c, WEFT__OP_P2P, name, dtype, -1, -1, count);
-    return weft__sendrecv(c, name, buf, is_send ? peer : -1, buf,
+    return weft__sendrecv(&c->x, name, buf, is_send ? peer : -1, buf,
                           is_send ? -1 : peer, count, dtype);
 }
 
@@ -403,17 +387,17 @@ int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
     CHECK_COMM(c);
     if ((rc = check(c, "sendrecv", count, dtype, 1)) != 0)
         return rc;
-    if (dst < 0 || dst >= c->nranks || src < 0 || src >= c->nranks)
+    if (dst < 0 || dst >= c->x.nranks || src < 0 || src >= c->x.nranks)
         return inval(c, "sendrecv: peer %d out of range [0, %d)",
-                     dst < 0 || dst >= c->nranks ? dst : src, c->nranks);
-    if (dst == c->rank || src == c->rank)
-        return inval(c, "sendrecv: a peer is this rank (%d)", c->rank);
+                     dst < 0 || dst >= c->x.nranks ? dst : src, c->x.nranks);
+    if (dst == c->x.rank || src == c->x.rank)
+        return inval(c, "sendrecv: a peer is this rank (%d)", c->x.rank);
     if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
         return inval(c, "sendrecv: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
     call_begin(c, WEFT__OP_P2P, "sendrecv", dtype, -1, -1, count);
-    return weft__sendrecv(c, "sendrecv", sendbuf, dst, recvbuf, src, count,
+    return weft__sendrecv(&c->x, "sendrecv", sendbuf, dst, recvbuf, src, count,
                           dtype);
 }
 
@@ -424,10 +408,10 @@ int weft_barrier(weft_comm *c)
     CHECK_COMM(c);
     if ((rc = check(c, "barrier", 1, WEFT_UINT8, 1)) != 0)
         return rc;
-    if (c->nranks == 1)
+    if (c->x.nranks == 1)
         return WEFT_OK;
     call_begin(c, WEFT__OP_BARRIER, "barrier", WEFT_UINT8, -1, -1, 1);
-    if (weft__direct_ok(c))
-        return weft__direct_barrier(c);
-    return weft__ring_barrier(c);
+    if (weft__direct_ok(&c->x))
+        return weft__direct_barrier(&c->x);
+    return weft__ring_barrier(&c->x);
 }

@@ -4,9 +4,8 @@
  * Every failure says what is wrong and what to set, since the person reading
  * it is usually starting a job by hand.
  */
-#include "core/internal.h"
+#include "core/topo.h"
 #include "core/hostfile.h"
-#include "core/plan.h"
 
 #include <errno.h>
 #include <limits.h>

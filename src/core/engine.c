@@ -88,7 +88,7 @@ typedef struct check {
 } check;
 
 typedef struct run {
-    struct weft_comm *c;
+    weft__ctx *c;
     const weft__op *op;
     size_t frame;
     int err;
@@ -115,19 +115,19 @@ static weft__region step_region(const run *r, size_t len, int nw, int w)
 
     if (len == 0 || nw <= 0)
         return reg;
-    used = weft__plan_wires(len, nw, r->c->cfg.min_wire_bytes);
+    used = weft__plan_wires(len, nw, r->c->cfg->min_wire_bytes);
     if (w >= used)
         return reg;
     return weft__plan_region(len, used, r->op->esize, w);
 }
 
-static int fail_into(struct weft_comm *c, int *result, int err,
+static int fail_into(weft__ctx *c, int *result, int err,
                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Records a failure on the communicator's one error record and makes it
  * the result of the pass (*result) unless it has one: whatever that
  * record holds, the first cause. */
-static int fail_into(struct weft_comm *c, int *result, int err,
+static int fail_into(weft__ctx *c, int *result, int err,
                      const char *fmt, ...)
 {
     va_list ap;
@@ -152,6 +152,46 @@ static char *stage_slot(run *r, int lane, int w, int slot)
     if (e->stage[i] == NULL)
         e->stage[i] = malloc(e->frame_bytes);
     return e->stage[i];
+}
+
+/* ---- the context's error record and scratch ---- */
+
+int weft__set_error(weft__ctx *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = weft__vfail(&c->fail, err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int weft__note(weft__ctx *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
+{
+    if (nbytes > c->scratch_bytes) {
+        void *p = realloc(c->scratch, nbytes);
+        if (p == NULL)
+            /* Before anything of the call moved: c stays usable. */
+            return weft__note(c, WEFT_ENOMEM,
+                              "rank %d: cannot allocate %zu bytes of "
+                              "scratch",
+                              c->rank, nbytes);
+        c->scratch = p;
+        c->scratch_bytes = nbytes;
+    }
+    *out = c->scratch;
+    return WEFT_OK;
 }
 
 /* ---- headers ----
@@ -197,7 +237,7 @@ static uint64_t get64le(const uint8_t *p)
     return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
 }
 
-static ophdr hdr_make(const struct weft_comm *c, int pass, uint32_t tag,
+static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag,
                     uint64_t seq, uint64_t total)
 {
     const weft__call *k = &c->call;
@@ -272,7 +312,7 @@ static void hdr_describe(const ophdr *h, char *out, size_t len)
 /* Compares a received header with the one this rank expects from peer on
  * wire w; a difference fails the pass with a message that names both
  * calls. Returns 0 when they match. */
-static int hdr_check(struct weft_comm *c, int *result, const uint8_t *got,
+static int hdr_check(weft__ctx *c, int *result, const uint8_t *got,
                      const ophdr *want, int peer, int w)
 {
     uint8_t wb[HDR_BYTES];
@@ -590,7 +630,7 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
  * deadline is checked here too, not only by the transport: a transport
  * whose progress() keeps returning early (events that move nothing this
  * operation waits for) must not keep a caller past it. */
-static void wait_once(struct weft_comm *c, const char *name,
+static void wait_once(weft__ctx *c, const char *name,
                       uint64_t deadline,
                       void (*describe)(const void *, char *, size_t),
                       const void *arg, int *err)
@@ -627,14 +667,14 @@ static void wait_once(struct weft_comm *c, const char *name,
 
 /* After a failed operation: drop every frame in flight (none may touch the
  * caller's buffers once we return) and fail the communicator. */
-static void op_failed(struct weft_comm *c, int err)
+static void op_failed(weft__ctx *c, int err)
 {
     weft__set_error(c, err, "rank %d: %s failed: %s", c->rank, c->call.name,
                     weft_strerror(err));
     c->tpo->shutdown(c->tp);
 }
 
-static int engine_ensure(struct weft_comm *c)
+static int engine_ensure(weft__ctx *c)
 {
     struct weft__engine *e = c->eng;
     int maxw = 1;
@@ -649,7 +689,7 @@ static int engine_ensure(struct weft_comm *c)
     e = calloc(1, sizeof *e);
     if (e == NULL)
         return WEFT_ENOMEM;
-    e->frame_bytes = c->cfg.frame_bytes;
+    e->frame_bytes = c->cfg->frame_bytes;
     e->maxw = maxw;
     e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw *
                           WEFT__RECV_DEPTH,
@@ -662,7 +702,7 @@ static int engine_ensure(struct weft_comm *c)
     return WEFT_OK;
 }
 
-void weft__engine_free(struct weft_comm *c)
+void weft__engine_free(weft__ctx *c)
 {
     struct weft__engine *e = c->eng;
 
@@ -693,7 +733,7 @@ static int check_done(const run *r)
  * wait for its receiver. */
 static void plan_checks(run *r)
 {
-    const struct weft_comm *c = r->c;
+    const weft__ctx *c = r->c;
     const weft__op *op = r->op;
     int cand[2 * WEFT__MAX_LANES + WEFT__MESH_MAX_RANKS + 2], ncand = 0;
 
@@ -736,7 +776,7 @@ static void plan_checks(run *r)
 
 static void post_checks(run *r)
 {
-    struct weft_comm *c = r->c;
+    weft__ctx *c = r->c;
 
     for (int i = 0; i < r->nchecks && r->err == 0; i++) {
         check *k = &r->checks[i];
@@ -762,7 +802,7 @@ static void post_checks(run *r)
     }
 }
 
-int weft__engine_run(struct weft_comm *c, const weft__op *op)
+int weft__engine_run(weft__ctx *c, const weft__op *op)
 {
     run r;
     int rc, all_done;
@@ -770,7 +810,7 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op)
     memset(&r, 0, sizeof r);
     r.c = c;
     r.op = op;
-    r.frame = c->cfg.frame_bytes;
+    r.frame = c->cfg->frame_bytes;
     if ((rc = engine_ensure(c)) != 0)
         return weft__note(c, rc, "rank %d: %s: no memory for the engine",
                           c->rank, c->call.name);
@@ -882,7 +922,7 @@ weft__step *weft__op_steps(weft__op *op, int lane, int nsteps)
     return st;
 }
 
-int weft__op_run(struct weft_comm *c, weft__op *op)
+int weft__op_run(weft__ctx *c, weft__op *op)
 {
     int rc = WEFT_OK;
 
@@ -910,7 +950,7 @@ typedef struct {
 } relay_xfer;
 
 typedef struct {
-    struct weft_comm *c;
+    weft__ctx *c;
     int err;
     int dst, src;
     uint8_t shdr[HDR_BYTES], rhdr[HDR_BYTES];
@@ -942,7 +982,7 @@ static void relay_hdr_done(weft__xfer *x)
     hdr_check(p->c, &p->err, p->rhdr, &p->want, p->src, -1);
 }
 
-static int relay_post(struct weft_comm *c, int is_send, int peer,
+static int relay_post(weft__ctx *c, int is_send, int peer,
                       relay_xfer *rx, void *buf, size_t len,
                       void (*done)(weft__xfer *))
 {
@@ -953,7 +993,7 @@ static int relay_post(struct weft_comm *c, int is_send, int peer,
                    : c->tpo->relay_recv(c->tp, peer, &rx->x);
 }
 
-int weft__engine_relay(struct weft_comm *c, const char *name,
+int weft__engine_relay(weft__ctx *c, const char *name,
                        const void *sendbuf, int dst, void *recvbuf, int src,
                        size_t nbytes, weft__op *direct)
 {

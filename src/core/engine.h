@@ -15,7 +15,62 @@
 #ifndef WEFT_ENGINE_H
 #define WEFT_ENGINE_H
 
-#include "core/internal.h"
+#include "core/base.h"
+#include "core/topo.h"
+
+struct weft__tp;
+struct weft__tp_ops;
+struct weft__engine;
+
+/* What every engine pass of the public call in progress shares, fixed once
+ * when the call starts: its one deadline, and what ranks must agree on for
+ * their calls to match (each pass's headers carry it). */
+typedef struct weft__call {
+    uint64_t deadline_ms; /* weft__now_ms() clock */
+    const char *name;     /* "all_reduce", ... for messages */
+    int kind;             /* WEFT__OP_* (engine.h) */
+    int dtype;
+    int redop;            /* -1 where the call has none */
+    int root;             /* -1 where the call has none */
+    uint64_t count;
+    uint64_t seq;  /* collectives: the communicator's count of them */
+    int passes;    /* engine passes run so far */
+} weft__call;
+
+/* What the engine and the algorithms see of a communicator: its job, its
+ * place in it, its one error record, the call in progress, and the
+ * transport that moves its frames. The core keeps one in each weft_comm. */
+typedef struct weft__ctx {
+    const weft__config *cfg;
+    int rank;
+    int nranks;
+    int timeout_ms;
+    weft__errsink fail; /* the first failure; failed once fail.code != 0 */
+    atomic_int aborted;
+    char errmsg[WEFT__ERRMSG_LEN]; /* last non-failing error (bad args) */
+    weft__call call;
+    struct weft__tp *tp;
+    const struct weft__tp_ops *tpo;
+    struct weft__engine *eng;
+    uint32_t *send_seq; /* per peer: point-to-point sends to it */
+    uint32_t *recv_seq; /* per peer: point-to-point receives from it */
+    void *scratch;      /* grown on demand for algorithms that need it */
+    size_t scratch_bytes;
+} weft__ctx;
+
+/* Records err on c's error record (the first failure wins) and returns
+ * the code the record holds. */
+int weft__set_error(weft__ctx *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* An error that does not fail c (a bad argument, found before anything
+ * moved): its text becomes weft_last_error(c) unless c has failed. */
+int weft__note(weft__ctx *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Grows c->scratch to at least nbytes. */
+int weft__scratch(weft__ctx *c, size_t nbytes, void **out);
+
 
 /* Operation kinds, carried in each channel's header so that ranks calling
  * different operations fail with WEFT_EMISMATCH instead of mixing data. */
@@ -74,7 +129,7 @@ typedef struct {
  * must match on every rank. On failure the communicator is failed (its
  * error record holds the first cause), and the transport is shut down so
  * that no frame refers to the caller's buffers. */
-int weft__engine_run(struct weft_comm *c, const weft__op *op);
+int weft__engine_run(weft__ctx *c, const weft__op *op);
 
 /* Builds an operation: op_init clears it, op_steps gives lane `lane`
  * nsteps zeroed steps (send_dep -1), and op_run runs it and frees the
@@ -82,19 +137,19 @@ int weft__engine_run(struct weft_comm *c, const weft__op *op);
 void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
                    weft_redop redop);
 weft__step *weft__op_steps(weft__op *op, int lane, int nsteps);
-int weft__op_run(struct weft_comm *c, weft__op *op);
+int weft__op_run(weft__ctx *c, weft__op *op);
 
 /* Point to point with ranks that have no wires to this one: sends nbytes
  * of sendbuf to dst and/or receives nbytes from src into recvbuf (-1: that
  * half is not relayed) through the transport's relay, while direct (NULL
  * or an operation for the halves that have wires) runs; frees direct's
  * steps. Same deadline and failure semantics as weft__engine_run. */
-int weft__engine_relay(struct weft_comm *c, const char *name,
+int weft__engine_relay(weft__ctx *c, const char *name,
                        const void *sendbuf, int dst, void *recvbuf, int src,
                        size_t nbytes, weft__op *direct);
 
 /* Frees the engine's staging buffers. */
-void weft__engine_free(struct weft_comm *c);
+void weft__engine_free(weft__ctx *c);
 
 /* Frames a side keeps in flight per wire. */
 #define WEFT__SEND_DEPTH 4

@@ -1,5 +1,5 @@
 /* Error codes, messages and logging. */
-#include "core/internal.h"
+#include "core/base.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -98,27 +98,6 @@ int weft__fail(weft__errsink *s, int err, const char *fmt, ...)
     rc = weft__vfail(s, err, fmt, ap);
     va_end(ap);
     return rc;
-}
-
-int weft__set_error(struct weft_comm *c, int err, const char *fmt, ...)
-{
-    va_list ap;
-    int rc;
-
-    va_start(ap, fmt);
-    rc = weft__vfail(&c->fail, err, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
-int weft__note(struct weft_comm *c, int err, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
-    va_end(ap);
-    return err;
 }
 
 uint64_t weft__now_ms(void)

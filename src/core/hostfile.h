@@ -21,7 +21,7 @@
 #ifndef WEFT_HOSTFILE_H
 #define WEFT_HOSTFILE_H
 
-#include "core/internal.h"
+#include "core/topo.h"
 
 #include <stddef.h>
 #include <stdio.h>

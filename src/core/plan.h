@@ -17,11 +17,8 @@ typedef struct {
     size_t len; /* bytes in the region (a multiple of the element size) */
 } weft__region;
 
-/* Below this many bytes per wire a transfer uses fewer wires: the cost of
- * one more frame (a syscall or work request on each side) is then larger
- * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
- * and bench/thresholds measures it. */
-#define WEFT__MIN_WIRE_BYTES (256 * 1024)
+/* WEFT__MIN_WIRE_BYTES, the default of min_wire_bytes below, is in
+ * topo.h with the other tunables. */
 
 /* Number of wires a transfer of nbytes uses out of nwires (>= 1): one per
  * min_wire_bytes (> 0), at most nwires. */

@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
+int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
                    int dst, void *recvbuf, int src, size_t count, weft_dtype dt)
 {
     /* A peer with no wires to this rank is reached through the relay; the
@@ -45,10 +45,10 @@ int weft__sendrecv(struct weft_comm *c, const char *name, const void *sendbuf,
                               op.nlanes > 0 ? &op : NULL);
 }
 
-int weft__direct_ok(const struct weft_comm *c)
+int weft__direct_ok(const weft__ctx *c)
 {
     if (c->nranks > WEFT__MESH_MAX_RANKS ||
-        strcmp(c->cfg.topology, "ring") == 0)
+        strcmp(c->cfg->topology, "ring") == 0)
         return 0;
     for (int p = 0; p < c->nranks; p++)
         if (p != c->rank && c->tpo->nwires(c->tp, p) == 0)
@@ -56,9 +56,9 @@ int weft__direct_ok(const struct weft_comm *c)
     return 1;
 }
 
-int weft__mesh_ok(const struct weft_comm *c)
+int weft__mesh_ok(const weft__ctx *c)
 {
-    return c->cfg.mesh && weft__direct_ok(c);
+    return c->cfg->mesh && weft__direct_ok(c);
 }
 
 /* Recursive doubling for a power-of-two job: in round k each rank swaps
@@ -68,7 +68,7 @@ int weft__mesh_ok(const struct weft_comm *c)
  * n-1 messages: measured faster when ranks share one host's cores, so it is
  * used there (the ring topology with every pair joined); across the hosts
  * of a mesh, one exchange costs one network latency instead of log2(n). */
-static int all_reduce_doubling(struct weft_comm *c, const void *sendbuf,
+static int all_reduce_doubling(weft__ctx *c, const void *sendbuf,
                                void *recvbuf, size_t count, weft_dtype dt,
                                weft_redop redop)
 {
@@ -106,7 +106,7 @@ static int all_reduce_doubling(struct weft_comm *c, const void *sendbuf,
     return WEFT_OK;
 }
 
-int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
+int weft__direct_all_reduce(weft__ctx *c, const void *sendbuf,
                             void *recvbuf, size_t count, weft_dtype dt,
                             weft_redop redop)
 {
@@ -114,7 +114,7 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
     char *all;
     int rc;
 
-    if (!c->cfg.mesh && (c->nranks & (c->nranks - 1)) == 0)
+    if (!c->cfg->mesh && (c->nranks & (c->nranks - 1)) == 0)
         return all_reduce_doubling(c, sendbuf, recvbuf, count, dt, redop);
 
     if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
@@ -127,7 +127,7 @@ int weft__direct_all_reduce(struct weft_comm *c, const void *sendbuf,
     return WEFT_OK;
 }
 
-int weft__direct_barrier(struct weft_comm *c)
+int weft__direct_barrier(weft__ctx *c)
 {
     char *flags;
     int rc;

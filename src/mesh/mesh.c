@@ -19,7 +19,7 @@ typedef struct {
 
 /* Runs one operation with a lane per peer that has something to send or
  * receive (io has nranks entries; this rank's own is ignored). */
-static int exchange(struct weft_comm *c, int kind, const char *name,
+static int exchange(weft__ctx *c, int kind, const char *name,
                     weft_dtype dt, weft_redop redop, const peer_io *io)
 {
     weft__op op;
@@ -48,7 +48,7 @@ static int exchange(struct weft_comm *c, int kind, const char *name,
     return weft__op_run(c, &op);
 }
 
-int weft__mesh_all_gather(struct weft_comm *c, const void *sendbuf,
+int weft__mesh_all_gather(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt, int kind,
                           const char *name)
 {
@@ -63,7 +63,7 @@ int weft__mesh_all_gather(struct weft_comm *c, const void *sendbuf,
     return exchange(c, kind, name, dt, WEFT_SUM, io);
 }
 
-int weft__mesh_reduce_scatter(struct weft_comm *c, const void *sendbuf,
+int weft__mesh_reduce_scatter(weft__ctx *c, const void *sendbuf,
                               void *recvbuf, size_t recvcount, weft_dtype dt,
                               weft_redop redop)
 {
@@ -91,7 +91,7 @@ int weft__mesh_reduce_scatter(struct weft_comm *c, const void *sendbuf,
     return WEFT_OK;
 }
 
-int weft__mesh_all_reduce(struct weft_comm *c, const void *sendbuf,
+int weft__mesh_all_reduce(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt,
                           weft_redop redop)
 {
@@ -128,7 +128,7 @@ int weft__mesh_all_reduce(struct weft_comm *c, const void *sendbuf,
     return exchange(c, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop, io);
 }
 
-int weft__mesh_broadcast(struct weft_comm *c, void *buf, size_t count,
+int weft__mesh_broadcast(weft__ctx *c, void *buf, size_t count,
                          weft_dtype dt, int root)
 {
     const int n = c->nranks, me = c->rank;
@@ -137,7 +137,7 @@ int weft__mesh_broadcast(struct weft_comm *c, void *buf, size_t count,
     peer_io io[WEFT__MAX_LANES + 1] = {{0}};
     int rc;
 
-    if (bytes * (size_t)n <= c->cfg.mesh_small_all_reduce_bytes) {
+    if (bytes * (size_t)n <= c->cfg->mesh_small_all_reduce_bytes) {
         for (int p = 0; p < n; p++)
             io[p] =
                 (peer_io){b, me == root ? bytes : 0, b, p == root ? bytes : 0};

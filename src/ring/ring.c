@@ -29,13 +29,13 @@ static int real_rank(int v, int n, int d)
     return d == 0 ? v : mod(n - v, n);
 }
 
-static int lanes_for(const struct weft_comm *c, size_t nbytes)
+static int lanes_for(const weft__ctx *c, size_t nbytes)
 {
-    return c->nranks >= 3 && nbytes >= c->cfg.bidir_min_bytes ? 2 : 1;
+    return c->nranks >= 3 && nbytes >= c->cfg->bidir_min_bytes ? 2 : 1;
 }
 
 /* Sets the neighbours of lane d: direction 0 sends right, 1 sends left. */
-static void lane_peers(const struct weft_comm *c, weft__lane *ln, int d)
+static void lane_peers(const weft__ctx *c, weft__lane *ln, int d)
 {
     int right = (c->rank + 1) % c->nranks;
     int left = (c->rank + c->nranks - 1) % c->nranks;
@@ -48,7 +48,7 @@ static void lane_peers(const struct weft_comm *c, weft__lane *ln, int d)
 /* Small all_reduce: every rank gathers every input (n-1 steps instead of
  * 2n-2) and reduces them locally in rank order 0, 1, ..., n-1, the same
  * order on every rank, so the results are bitwise identical. */
-static int all_reduce_small(struct weft_comm *c, const void *sendbuf,
+static int all_reduce_small(weft__ctx *c, const void *sendbuf,
                             void *recvbuf, size_t count, weft_dtype dt,
                             weft_redop redop)
 {
@@ -66,7 +66,7 @@ static int all_reduce_small(struct weft_comm *c, const void *sendbuf,
     return WEFT_OK;
 }
 
-int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
+int weft__ring_all_reduce(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt,
                           weft_redop redop)
 {
@@ -77,7 +77,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     weft__op op;
     size_t lane_off = 0;
 
-    if (count * es * (size_t)n <= c->cfg.small_all_reduce_bytes)
+    if (count * es * (size_t)n <= c->cfg->small_all_reduce_bytes)
         return all_reduce_small(c, sendbuf, recvbuf, count, dt, redop);
     weft__op_init(&op, WEFT__OP_ALL_REDUCE, "all_reduce", dt, redop);
     op.check = WEFT__CHECK_RING;
@@ -114,7 +114,7 @@ int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
     return weft__op_run(c, &op);
 }
 
-int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
+int weft__ring_all_gather(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt, int kind,
                           const char *name)
 {
@@ -155,7 +155,7 @@ int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
     return weft__op_run(c, &op);
 }
 
-int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
+int weft__ring_reduce_scatter(weft__ctx *c, const void *sendbuf,
                               void *recvbuf, size_t recvcount, weft_dtype dt,
                               weft_redop redop)
 {
@@ -215,7 +215,7 @@ int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
     return rc;
 }
 
-int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
+int weft__ring_broadcast(weft__ctx *c, void *buf, size_t count,
                          weft_dtype dt, int root)
 {
     const int n = c->nranks;
@@ -258,7 +258,7 @@ int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
     return weft__op_run(c, &op);
 }
 
-int weft__ring_barrier(struct weft_comm *c)
+int weft__ring_barrier(weft__ctx *c)
 {
     uint8_t *flags;
     int rc;

@@ -5,20 +5,20 @@
 #ifndef WEFT_RING_H
 #define WEFT_RING_H
 
-#include "core/internal.h"
+#include "core/engine.h"
 
-int weft__ring_all_reduce(struct weft_comm *c, const void *sendbuf,
+int weft__ring_all_reduce(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt,
                           weft_redop redop);
 /* kind and name label the operation on the wire (barrier reuses it). */
-int weft__ring_all_gather(struct weft_comm *c, const void *sendbuf,
+int weft__ring_all_gather(weft__ctx *c, const void *sendbuf,
                           void *recvbuf, size_t count, weft_dtype dt,
                           int kind, const char *name);
-int weft__ring_reduce_scatter(struct weft_comm *c, const void *sendbuf,
+int weft__ring_reduce_scatter(weft__ctx *c, const void *sendbuf,
                               void *recvbuf, size_t recvcount, weft_dtype dt,
                               weft_redop redop);
-int weft__ring_broadcast(struct weft_comm *c, void *buf, size_t count,
+int weft__ring_broadcast(weft__ctx *c, void *buf, size_t count,
                          weft_dtype dt, int root);
-int weft__ring_barrier(struct weft_comm *c);
+int weft__ring_barrier(weft__ctx *c);
 
 #endif

@@ -20,7 +20,8 @@
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
 
-#include "core/internal.h"
+#include "core/base.h"
+#include "core/topo.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -218,18 +218,21 @@ static const weft__tp_ops mock_ops = {
  * receives them into rbuf (reduced with rbuf's own contents if reduce). */
 static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
 {
-    struct weft_comm c;
+    weft__ctx c;
+    weft__config cfg;
     uint32_t seq[2] = {0, 0}, rseq[2] = {0, 0};
     weft__op op;
     weft__step *st;
     int rc;
 
     memset(&c, 0, sizeof c);
+    memset(&cfg, 0, sizeof cfg);
+    c.cfg = &cfg;
     c.rank = is_send ? 0 : 1;
     c.nranks = 2;
     c.timeout_ms = 60000;
-    c.cfg.frame_bytes = m->frame;
-    c.cfg.min_wire_bytes = 1; /* every wire, down to one element each */
+    cfg.frame_bytes = m->frame;
+    cfg.min_wire_bytes = 1; /* every wire, down to one element each */
     c.fail.rank = c.rank;
     c.send_seq = seq;
     c.recv_seq = rseq;

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 
 #include "core/plan.h"
+#include "core/topo.h"
 
 #define FRAME 64
 #define DEPTH 4

@@ -1,0 +1,107 @@
+/*
+ * The job as the hostfile and the environment describe it: hosts, cables,
+ * ranks, ports, the transport and topology asked for, and the tunables.
+ * What the transports and everything above them are configured by; it
+ * knows nothing of communicators or operations.
+ */
+#ifndef WEFT_TOPO_H
+#define WEFT_TOPO_H
+
+#include "core/base.h"
+
+#define WEFT__TOKEN_BYTES 16
+#define WEFT__MAX_WIRES 64       /* wires to one peer, all links together */
+#define WEFT__MAX_RANKS 4096
+/* Most ranks a mesh job may have: one engine lane per peer. */
+#define WEFT__MESH_MAX_RANKS 17
+#define WEFT__DEFAULT_PORT 32323
+#define WEFT__DEFAULT_TIMEOUT_MS 300000
+#define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
+#define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
+#define WEFT__DEFAULT_SOCKBUF_BYTES (4 << 20)
+#define WEFT__DEFAULT_SPIN_US 50
+/* The ibverbs transport's registered staging per queue pair: this many
+ * slots of this many bytes each way (WEFT_IB_SLOTS, WEFT_IB_SLOT_BYTES). */
+#define WEFT__DEFAULT_IB_SLOTS 16
+#define WEFT__DEFAULT_IB_SLOT_BYTES (256 * 1024)
+/* Default thresholds, each set by an environment variable of the same
+ * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
+ * measured with bench/thresholds.
+ * - Up to SMALL_ALL_REDUCE_BYTES gathered (count * size * nranks),
+ *   all_reduce gathers every input and reduces locally in rank order: one
+ *   exchange with every peer where all are directly connected, else n-1
+ *   ring steps, instead of the 2n-2 steps of reduce-scatter + all-gather.
+ * - From BIDIR_MIN_BYTES, ring operations run both ring directions at once,
+ *   each on half of the data; below, the second direction's extra frames
+ *   cost more than it adds.
+ * - Under the mesh, MESH_SMALL_ALL_REDUCE_BYTES plays that part (one
+ *   exchange of the inputs against the direct reduce-scatter +
+ *   all-gather; also the small/large switch of the mesh's broadcast):
+ *   measured at 128 KiB gathered (4 ranks x 32 KiB) on both a 2-core and
+ *   a 16-core machine. */
+#define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
+#define WEFT__MESH_SMALL_ALL_REDUCE_BYTES (128 * 1024)
+#define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
+/* Below this many bytes per wire a transfer uses fewer wires: the cost of
+ * one more frame (a syscall or work request on each side) is then larger
+ * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
+ * and bench/thresholds measures it. */
+#define WEFT__MIN_WIRE_BYTES (256 * 1024)
+
+/* One end of a cable: a host (by index) and its address there. */
+typedef struct {
+    int host;
+    char addr[64];
+    char device[64]; /* RDMA device name, "" if none */
+} weft__link_end;
+
+/* A link is one cable between two hosts. */
+typedef struct {
+    weft__link_end end[2];
+} weft__link;
+
+typedef struct {
+    char name[128];
+    char ssh[256];
+    int nranks;
+    int first_rank;
+    int *ports; /* nranks entries: the port each local rank listens on */
+} weft__host;
+
+/* Everything weft_init learns from the environment and the hostfile. */
+typedef struct weft__config {
+    int rank;
+    int nranks;
+    int timeout_ms;
+    int connect_timeout_ms;
+    int wires;          /* connections per peer per link */
+    size_t frame_bytes; /* pipeline frame size */
+    int sockbuf_bytes;  /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
+    int spin_us;        /* poll this long before sleeping in a wait */
+    size_t min_wire_bytes;        /* plan.h */
+    size_t small_all_reduce_bytes; /* see the defaults above */
+    size_t mesh_small_all_reduce_bytes;
+    size_t bidir_min_bytes;
+    char transport[16]; /* "tcp" or "ibverbs" */
+    int ib_slots;         /* ibverbs: staging slots per queue pair */
+    size_t ib_slot_bytes; /* ibverbs: bytes per slot */
+    char ib_device[64];   /* ibverbs: WEFT_IB_DEVICE, "" if unset */
+    char topology[16];  /* "ring", "mesh" or "auto", as asked */
+    int mesh;           /* 1: the topology in effect is the mesh */
+    uint8_t token[WEFT__TOKEN_BYTES];
+    char hostfile[1024];
+    int nhosts;
+    weft__host *hosts;
+    int nlinks;
+    weft__link *links;
+    int *rank_host; /* nranks entries: host index of each rank */
+} weft__config;
+
+/* Reads the configuration from the environment. On failure fills errmsg
+ * (what is wrong and what to set) and returns WEFT_ECONFIG or WEFT_ENOMEM. */
+int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen);
+void weft__config_free(weft__config *cfg);
+/* The port rank r listens on. */
+int weft__config_rank_port(const weft__config *cfg, int r);
+
+#endif
