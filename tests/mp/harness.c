@@ -4,6 +4,10 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +51,40 @@ double mp_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static pthread_t g_stall_thread;
+static atomic_int g_stall_run;
+static _Atomic double g_stall_max;
+
+static void *stall_main(void *arg)
+{
+    double last = mp_now_ms();
+    (void)arg;
+    while (atomic_load(&g_stall_run)) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        double now = mp_now_ms();
+        if (now - last > atomic_load(&g_stall_max))
+            atomic_store(&g_stall_max, now - last);
+        last = now;
+    }
+    return NULL;
+}
+
+void mp_stall_watch_start(void)
+{
+    atomic_store(&g_stall_max, 0.0);
+    atomic_store(&g_stall_run, 1);
+    if (pthread_create(&g_stall_thread, NULL, stall_main, NULL) != 0)
+        atomic_store(&g_stall_run, 0);
+}
+
+double mp_stall_watch_stop(void)
+{
+    if (atomic_exchange(&g_stall_run, 0))
+        pthread_join(g_stall_thread, NULL);
+    return atomic_load(&g_stall_max);
 }
 
 void mp_sleep_ms(int ms)

@@ -144,6 +144,17 @@ void *mp_shm(void);
 /* CLOCK_MONOTONIC in milliseconds. */
 double mp_now_ms(void);
 
+/* Scheduling stalls: a timing bound on a call holds only while the
+ * process runs. mp_stall_watch_start() starts a thread that wakes every
+ * 5 ms and keeps the longest gap between its wake-ups; mp_stall_watch_stop()
+ * stops it and returns that gap in milliseconds (how long this process was
+ * kept from running, at least). A test that finds a call late by less than
+ * the stall says so and runs again, instead of failing by bad luck. */
+void mp_stall_watch_start(void);
+double mp_stall_watch_stop(void);
+/* The exit status of a rank that found its timing spoiled by a stall. */
+#define MP_EXIT_STALLED 77
+
 /* Sleeps for ms milliseconds (restarting after signals). */
 void mp_sleep_ms(int ms);
 
