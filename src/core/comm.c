@@ -2,12 +2,9 @@
  * The communicator: the public entry points, argument checks, and the
  * failed/aborted state machine of API.md's failure semantics.
  */
-#include "core/engine.h"
 #include "core/internal.h"
 #include "core/kernels.h"
-#include "mesh/direct.h"
-#include "mesh/mesh.h"
-#include "ring/ring.h"
+#include "core/select.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -235,9 +232,25 @@ static void call_begin(weft_comm *c, int kind, const char *name,
     k->passes = 0;
 }
 
+/* Runs a validated collective with count > 0 on a job of two ranks or
+ * more: the call begins, and the selection table's algorithm runs it. */
+static int collective(weft_comm *c, int kind, const char *name,
+                      const weft__args *a, int redop)
+{
+    weft__algo_fn run;
+
+    call_begin(c, kind, name, a->dtype, redop, kind == WEFT__OP_BROADCAST
+                                                   ? a->root
+                                                   : -1,
+               a->count);
+    run = weft__select(&c->x, kind, a);
+    return run(&c->x, a);
+}
+
 int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
                     size_t count, weft_dtype dtype, weft_redop op)
 {
+    weft__args a = {sendbuf, recvbuf, count, dtype, op, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -253,25 +266,13 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
-    call_begin(c, WEFT__OP_ALL_REDUCE, "all_reduce", dtype, (int)op, -1,
-               count);
-    if (weft__mesh_ok(&c->x)) {
-        if (count * weft_dtype_size(dtype) * (size_t)c->x.nranks <=
-            c->cfg.mesh_small_all_reduce_bytes)
-            return weft__direct_all_reduce(&c->x, sendbuf, recvbuf, count, dtype,
-                                           op);
-        return weft__mesh_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
-    }
-    if (count * weft_dtype_size(dtype) * (size_t)c->x.nranks <=
-            c->cfg.small_all_reduce_bytes &&
-        weft__direct_ok(&c->x))
-        return weft__direct_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
-    return weft__ring_all_reduce(&c->x, sendbuf, recvbuf, count, dtype, op);
+    return collective(c, WEFT__OP_ALL_REDUCE, "all_reduce", &a, (int)op);
 }
 
 int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
                     size_t count, weft_dtype dtype)
 {
+    weft__args a = {sendbuf, recvbuf, count, dtype, WEFT_SUM, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -285,17 +286,13 @@ int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return WEFT_OK;
     }
-    call_begin(c, WEFT__OP_ALL_GATHER, "all_gather", dtype, -1, -1, count);
-    if (weft__mesh_ok(&c->x))
-        return weft__mesh_all_gather(&c->x, sendbuf, recvbuf, count, dtype,
-                                     WEFT__OP_ALL_GATHER, "all_gather");
-    return weft__ring_all_gather(&c->x, sendbuf, recvbuf, count, dtype,
-                                 WEFT__OP_ALL_GATHER, "all_gather");
+    return collective(c, WEFT__OP_ALL_GATHER, "all_gather", &a, -1);
 }
 
 int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
                         size_t recvcount, weft_dtype dtype, weft_redop op)
 {
+    weft__args a = {sendbuf, recvbuf, recvcount, dtype, op, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -313,18 +310,14 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
         memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
         return WEFT_OK;
     }
-    call_begin(c, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", dtype, (int)op,
-               -1, recvcount);
-    if (weft__mesh_ok(&c->x))
-        return weft__mesh_reduce_scatter(&c->x, sendbuf, recvbuf, recvcount,
-                                         dtype, op);
-    return weft__ring_reduce_scatter(&c->x, sendbuf, recvbuf, recvcount, dtype,
-                                     op);
+    return collective(c, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", &a,
+                      (int)op);
 }
 
 int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
                    int root)
 {
+    weft__args a = {buf, buf, count, dtype, WEFT_SUM, root};
     int rc;
 
     CHECK_COMM(c);
@@ -337,10 +330,7 @@ int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
         return inval(c, "broadcast: NULL buffer with count %zu", count);
     if (count == 0 || c->x.nranks == 1)
         return WEFT_OK;
-    call_begin(c, WEFT__OP_BROADCAST, "broadcast", dtype, -1, root, count);
-    if (weft__mesh_ok(&c->x))
-        return weft__mesh_broadcast(&c->x, buf, count, dtype, root);
-    return weft__ring_broadcast(&c->x, buf, count, dtype, root);
+    return collective(c, WEFT__OP_BROADCAST, "broadcast", &a, -1);
 }
 
 static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
@@ -410,8 +400,8 @@ int weft_barrier(weft_comm *c)
         return rc;
     if (c->x.nranks == 1)
         return WEFT_OK;
-    call_begin(c, WEFT__OP_BARRIER, "barrier", WEFT_UINT8, -1, -1, 1);
-    if (weft__direct_ok(&c->x))
-        return weft__direct_barrier(&c->x);
-    return weft__ring_barrier(&c->x);
+    {
+        weft__args a = {NULL, NULL, 1, WEFT_UINT8, WEFT_SUM, -1};
+        return collective(c, WEFT__OP_BARRIER, "barrier", &a, -1);
+    }
 }

@@ -148,6 +148,14 @@ int weft__engine_relay(weft__ctx *c, const char *name,
                        const void *sendbuf, int dst, void *recvbuf, int src,
                        size_t nbytes, weft__op *direct);
 
+/* Point to point (p2p.c): sends count elements of sendbuf to dst and at
+ * the same time receives count elements from src into recvbuf; dst or src
+ * -1 leaves that half out (a plain send or recv). Direct wires where the
+ * peer has them, the relay where not. name labels it in messages. */
+int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
+                   int dst, void *recvbuf, int src, size_t count,
+                   weft_dtype dt);
+
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);
 

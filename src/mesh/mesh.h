@@ -1,40 +1,50 @@
 /*
- * Mesh algorithms, for jobs where every pair of ranks has direct wires
- * (weft__direct_ok): each rank exchanges with every peer at once, one lane
- * per peer, each lane striped over all the wires to that peer. Arguments
- * are already validated by the caller.
+ * Mesh algorithms, one file each, for jobs where every pair of ranks has
+ * direct wires: each rank exchanges with every peer at once, one lane per
+ * peer, each lane striped over all the wires to that peer. Signatures as
+ * coll.h's weft__algo_fn; arguments are already validated.
  */
 #ifndef WEFT_MESH_H
 #define WEFT_MESH_H
 
-#include "core/engine.h"
+#include "coll/coll.h"
 
 /* Large all_reduce: a direct reduce-scatter (rank p receives every peer's
  * chunk p and reduces the n contributions in rank order 0..n-1), then a
  * direct all-gather of the reduced chunks. Each chunk is reduced on one
  * rank only and copied to the others, so every rank ends with the same
  * bits. */
-int weft__mesh_all_reduce(weft__ctx *c, const void *sendbuf,
-                          void *recvbuf, size_t count, weft_dtype dt,
-                          weft_redop redop);
+int weft__mesh_all_reduce(weft__ctx *c, const weft__args *a);
 
 /* One exchange: this rank's block to every peer, every peer's block into
- * recvbuf. kind and name label the operation on the wire and in
- * messages. */
-int weft__mesh_all_gather(weft__ctx *c, const void *sendbuf,
-                          void *recvbuf, size_t count, weft_dtype dt, int kind,
-                          const char *name);
+ * recvbuf. */
+int weft__mesh_all_gather(weft__ctx *c, const weft__args *a);
 
 /* Block p of sendbuf to rank p, every peer's copy of this rank's block
  * reduced in rank order. */
-int weft__mesh_reduce_scatter(weft__ctx *c, const void *sendbuf,
-                              void *recvbuf, size_t recvcount, weft_dtype dt,
-                              weft_redop redop);
+int weft__mesh_reduce_scatter(weft__ctx *c, const weft__args *a);
 
 /* Small: the root sends the buffer to every peer. Large: the root sends
  * chunk p to rank p, then the ranks all-gather the chunks, so the root's
  * links carry the buffer about once instead of n-1 times. */
-int weft__mesh_broadcast(weft__ctx *c, void *buf, size_t count,
-                         weft_dtype dt, int root);
+int weft__mesh_broadcast(weft__ctx *c, const weft__args *a);
+
+/* ---- shared by the mesh's files (exchange.c) ---- */
+
+/* What this rank sends to and receives from one peer in an exchange. A
+ * half with no bytes is left out; both ends of a pair compute the same
+ * lengths, so they agree on which halves exist. */
+typedef struct weft__peer_io {
+    const char *send;
+    size_t send_len;
+    char *recv;
+    size_t recv_len;
+} weft__peer_io;
+
+/* Runs one engine pass with a lane per peer that has something to send or
+ * receive (io has nranks entries; this rank's own is ignored), comparing
+ * the call with every peer. */
+int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
+                        const weft__peer_io *io);
 
 #endif

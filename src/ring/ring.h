@@ -1,24 +1,47 @@
 /*
- * Ring algorithms. Each blocks until done or failed; arguments are already
- * validated by the caller, counts are > 0 and the job has >= 2 ranks.
+ * Ring algorithms, one file each: each rank talks to its two ring
+ * neighbours only. Large operations run two lanes at once, one around the
+ * ring each way, each on half of every block, so both directions of every
+ * link carry load. A lane in the reverse direction is the forward
+ * algorithm on "virtual" ranks v = (n - rank) % n, whose right neighbour
+ * is the real left one. Chunks are whole elements (weft__plan_chunk).
+ * Signatures as coll.h's weft__algo_fn; arguments are already validated.
  */
 #ifndef WEFT_RING_H
 #define WEFT_RING_H
 
-#include "core/engine.h"
+#include "coll/coll.h"
 
-int weft__ring_all_reduce(weft__ctx *c, const void *sendbuf,
-                          void *recvbuf, size_t count, weft_dtype dt,
-                          weft_redop redop);
-/* kind and name label the operation on the wire (barrier reuses it). */
-int weft__ring_all_gather(weft__ctx *c, const void *sendbuf,
-                          void *recvbuf, size_t count, weft_dtype dt,
-                          int kind, const char *name);
-int weft__ring_reduce_scatter(weft__ctx *c, const void *sendbuf,
-                              void *recvbuf, size_t recvcount, weft_dtype dt,
-                              weft_redop redop);
-int weft__ring_broadcast(weft__ctx *c, void *buf, size_t count,
-                         weft_dtype dt, int root);
-int weft__ring_barrier(weft__ctx *c);
+int weft__ring_all_reduce(weft__ctx *c, const weft__args *a);
+int weft__ring_all_gather(weft__ctx *c, const weft__args *a);
+int weft__ring_reduce_scatter(weft__ctx *c, const weft__args *a);
+int weft__ring_broadcast(weft__ctx *c, const weft__args *a);
+
+/* ---- shared by the ring's files (lanes.c) ---- */
+
+/* One lane of a ring operation, as its steps are filled. */
+typedef struct weft__ring_lane {
+    int d;      /* direction: 0 sends right, 1 sends left */
+    int v;      /* this rank's virtual rank in that direction */
+    size_t m;   /* elements of each block this lane moves */
+    size_t off; /* its first element in each block */
+} weft__ring_lane;
+
+/* Fills the steps st of one lane (whose peers are set; fill may change
+ * them, as a broadcast does at the ends of its chain). */
+typedef void (*weft__ring_fill_fn)(weft__ctx *c, const weft__ring_lane *rl,
+                                   weft__lane *lane, weft__step *st,
+                                   void *arg);
+
+/* Builds and runs a ring operation: one lane, or two (each way, each on
+ * half of the `count` elements of a block) from cfg->bidir_min_bytes of
+ * `nbytes` on, with `nsteps` steps each, filled by fill. */
+int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes,
+                   int nsteps, weft__ring_fill_fn fill, void *arg);
+
+/* a mod n, in [0, n). */
+int weft__ring_mod(int a, int n);
+/* The real rank of virtual rank v in direction d. */
+int weft__ring_real(int v, int n, int d);
 
 #endif

@@ -1,0 +1,131 @@
+/*
+ * The one table that picks an algorithm from the operation, its size and
+ * the topology in effect. The first row that matches wins; every rank of a
+ * job computes the same choice from the same call (the thresholds come
+ * from the job's configuration), so ranks always run the same algorithm.
+ */
+#include "core/select.h"
+
+#include "mesh/mesh.h"
+#include "ring/ring.h"
+#include "transport/transport.h"
+
+#include <string.h>
+
+/* Where a row applies: the topology class of the communicator. */
+enum {
+    ON_RING = 1,   /* some pair of ranks has no direct wires, or the
+                      topology asked for is "ring" */
+    ON_DIRECT = 2, /* every pair is wired but the mesh is not in effect
+                      (ranks of one host, topology "auto") */
+    ON_MESH = 4,   /* the mesh topology is in effect and every pair wired */
+};
+
+/* Which sizes a row takes (all_reduce: count * elem * ranks, gathered). */
+enum {
+    ANY_SIZE,
+    UPTO_SMALL,      /* <= small_all_reduce_bytes */
+    UPTO_SMALL_POW2, /* the same, and a power-of-two job */
+    UPTO_MESH_SMALL, /* <= mesh_small_all_reduce_bytes */
+};
+
+static int ring_gather_reduce(weft__ctx *c, const weft__args *a)
+{
+    return weft__gather_reduce(c, a, weft__ring_all_gather);
+}
+
+static int mesh_gather_reduce(weft__ctx *c, const weft__args *a)
+{
+    return weft__gather_reduce(c, a, weft__mesh_all_gather);
+}
+
+static int ring_barrier(weft__ctx *c, const weft__args *a)
+{
+    (void)a;
+    return weft__barrier(c, weft__ring_all_gather);
+}
+
+static int mesh_barrier(weft__ctx *c, const weft__args *a)
+{
+    (void)a;
+    return weft__barrier(c, weft__mesh_all_gather);
+}
+
+static const struct algo_row {
+    int kind;
+    int on;
+    int sizes;
+    weft__algo_fn run;
+} algos[] = {
+    /* Small all_reduce: gather every input and reduce locally, in one
+     * exchange where every pair is wired (recursive doubling among one
+     * host's ranks when their number is a power of two), else in n-1 ring
+     * steps; large: reduce-scatter + all-gather, direct or around the
+     * ring. */
+    {WEFT__OP_ALL_REDUCE, ON_MESH, UPTO_MESH_SMALL, mesh_gather_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_MESH, ANY_SIZE, weft__mesh_all_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_SMALL_POW2,
+     weft__doubling_all_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_SMALL, mesh_gather_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_RING, UPTO_SMALL, ring_gather_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE,
+     weft__ring_all_reduce},
+    {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
+    {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE,
+     weft__ring_all_gather},
+    {WEFT__OP_REDUCE_SCATTER, ON_MESH, ANY_SIZE, weft__mesh_reduce_scatter},
+    {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT, ANY_SIZE,
+     weft__ring_reduce_scatter},
+    {WEFT__OP_BROADCAST, ON_MESH, ANY_SIZE, weft__mesh_broadcast},
+    {WEFT__OP_BROADCAST, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_broadcast},
+    {WEFT__OP_BARRIER, ON_MESH | ON_DIRECT, ANY_SIZE, mesh_barrier},
+    {WEFT__OP_BARRIER, ON_RING, ANY_SIZE, ring_barrier},
+};
+
+int weft__direct_ok(const weft__ctx *c)
+{
+    if (c->nranks > WEFT__MESH_MAX_RANKS ||
+        strcmp(c->cfg->topology, "ring") == 0)
+        return 0;
+    for (int p = 0; p < c->nranks; p++)
+        if (p != c->rank && c->tpo->nwires(c->tp, p) == 0)
+            return 0;
+    return 1;
+}
+
+static int topology_class(const weft__ctx *c)
+{
+    if (!weft__direct_ok(c))
+        return ON_RING;
+    return c->cfg->mesh ? ON_MESH : ON_DIRECT;
+}
+
+static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
+{
+    size_t gathered =
+        a->count * weft_dtype_size(a->dtype) * (size_t)c->nranks;
+
+    switch (sizes) {
+    case UPTO_SMALL:
+        return gathered <= c->cfg->small_all_reduce_bytes;
+    case UPTO_SMALL_POW2:
+        return gathered <= c->cfg->small_all_reduce_bytes &&
+               (c->nranks & (c->nranks - 1)) == 0;
+    case UPTO_MESH_SMALL:
+        return gathered <= c->cfg->mesh_small_all_reduce_bytes;
+    default:
+        return 1;
+    }
+}
+
+weft__algo_fn weft__select(const weft__ctx *c, int kind, const weft__args *a)
+{
+    int on = topology_class(c);
+
+    for (size_t i = 0; i < sizeof algos / sizeof algos[0]; i++) {
+        const struct algo_row *row = &algos[i];
+        if (row->kind == kind && (row->on & on) && size_fits(c, row->sizes, a))
+            return row->run;
+    }
+    return NULL;
+}

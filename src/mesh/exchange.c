@@ -1,0 +1,31 @@
+/* The mesh's one exchange with every peer; see mesh.h. */
+#include "mesh/mesh.h"
+
+int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
+                        const weft__peer_io *io)
+{
+    weft__op op;
+
+    weft__op_init(&op, c->call.kind, c->call.name, a->dtype, a->op);
+    /* Every peer, whether or not this rank exchanges data with it: the
+     * root of a broadcast, say, depends on the call. */
+    op.check = WEFT__CHECK_ALL;
+    for (int p = 0; p < c->nranks; p++) {
+        weft__lane *ln = &op.lanes[op.nlanes];
+        weft__step *st;
+
+        if (p == c->rank || (io[p].send_len == 0 && io[p].recv_len == 0))
+            continue;
+        st = weft__op_steps(&op, op.nlanes, 1);
+        ln->send_peer = io[p].send_len > 0 ? p : -1;
+        ln->recv_peer = io[p].recv_len > 0 ? p : -1;
+        if (st != NULL) {
+            st[0].send_buf = io[p].send;
+            st[0].send_len = io[p].send_len;
+            st[0].recv_dst = io[p].recv;
+            st[0].recv_len = io[p].recv_len;
+        }
+        op.nlanes++;
+    }
+    return weft__op_run(c, &op);
+}
