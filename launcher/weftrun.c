@@ -52,7 +52,7 @@
 #include <jansson.h>
 #include <uv.h>
 
-#include "core/hostfile.h"
+#include "topo/hostfile.h"
 
 #define WEFTRUN_MAX_RANKS 4096
 #define WEFTRUN_DEFAULT_GRACE_MS 3000

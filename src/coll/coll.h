@@ -9,7 +9,7 @@
 #ifndef WEFT_COLL_H
 #define WEFT_COLL_H
 
-#include "core/engine.h"
+#include "engine/engine.h"
 
 /* A call's arguments, as the public entry point took them. */
 typedef struct weft__args {

@@ -8,7 +8,7 @@
  * latency instead of log2(n). */
 #include "coll/coll.h"
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 #include <string.h>
 

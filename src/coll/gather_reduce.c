@@ -1,7 +1,7 @@
 /* The small all_reduce by gathering every input; see coll.h. */
 #include "coll/coll.h"
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 int weft__gather_reduce(weft__ctx *c, const weft__args *a,
                         weft__algo_fn gather)

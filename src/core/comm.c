@@ -3,7 +3,7 @@
  * failed/aborted state machine of API.md's failure semantics.
  */
 #include "core/internal.h"
-#include "core/kernels.h"
+#include "base/kernels.h"
 #include "core/select.h"
 #include "transport/transport.h"
 

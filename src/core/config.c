@@ -4,8 +4,8 @@
  * Every failure says what is wrong and what to set, since the person reading
  * it is usually starting a job by hand.
  */
-#include "core/topo.h"
-#include "core/hostfile.h"
+#include "topo/topo.h"
+#include "topo/hostfile.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -6,8 +6,8 @@
 #ifndef WEFT_INTERNAL_H
 #define WEFT_INTERNAL_H
 
-#include "core/engine.h"
-#include "core/topo.h"
+#include "engine/engine.h"
+#include "topo/topo.h"
 
 struct weft__tp_params;
 

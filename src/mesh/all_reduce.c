@@ -2,8 +2,8 @@
  * see mesh.h. Small counts go through weft__gather_reduce. */
 #include "mesh/mesh.h"
 
-#include "core/kernels.h"
-#include "core/plan.h"
+#include "base/kernels.h"
+#include "engine/plan.h"
 
 #include <string.h>
 

@@ -1,7 +1,7 @@
 /* Mesh broadcast; see mesh.h. */
 #include "mesh/mesh.h"
 
-#include "core/plan.h"
+#include "engine/plan.h"
 
 int weft__mesh_broadcast(weft__ctx *c, const weft__args *a)
 {

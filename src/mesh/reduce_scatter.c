@@ -1,7 +1,7 @@
 /* Mesh reduce_scatter: one exchange, a reduction in rank order. */
 #include "mesh/mesh.h"
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 #include <string.h>
 

@@ -6,7 +6,7 @@
  */
 #include "ring/ring.h"
 
-#include "core/plan.h"
+#include "engine/plan.h"
 
 static void all_reduce_fill(weft__ctx *c, const weft__ring_lane *rl,
                             weft__lane *lane, weft__step *st, void *arg)

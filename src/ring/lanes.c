@@ -1,7 +1,7 @@
 /* What the ring's algorithms share: lanes, directions, virtual ranks. */
 #include "ring/ring.h"
 
-#include "core/plan.h"
+#include "engine/plan.h"
 
 int weft__ring_mod(int a, int n)
 {

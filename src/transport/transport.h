@@ -20,8 +20,8 @@
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
 
-#include "core/base.h"
-#include "core/topo.h"
+#include "base/base.h"
+#include "topo/topo.h"
 
 #include <stddef.h>
 #include <stdint.h>

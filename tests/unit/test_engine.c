@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/engine.h"
-#include "core/plan.h"
+#include "engine/engine.h"
+#include "engine/plan.h"
 #include "transport/transport.h"
 
 #define FRAME 64

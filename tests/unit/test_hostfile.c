@@ -7,7 +7,7 @@
  */
 #include <criterion/criterion.h>
 
-#include "core/hostfile.h"
+#include "topo/hostfile.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -11,7 +11,7 @@
  */
 #include <criterion/criterion.h>
 
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 #include <float.h>
 #include <math.h>

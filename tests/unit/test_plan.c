@@ -7,8 +7,8 @@
  */
 #include <criterion/criterion.h>
 
-#include "core/plan.h"
-#include "core/topo.h"
+#include "engine/plan.h"
+#include "topo/topo.h"
 
 #define FRAME 64
 #define DEPTH 4

@@ -19,7 +19,7 @@
  *    block, runs in a plain loop (which -O3 vectorises too).
  * scripts/check-vectorized checks the compiler's reports for every kernel.
  */
-#include "core/kernels.h"
+#include "base/kernels.h"
 
 #include <math.h>
 #include <string.h>

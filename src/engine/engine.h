@@ -15,8 +15,8 @@
 #ifndef WEFT_ENGINE_H
 #define WEFT_ENGINE_H
 
-#include "core/base.h"
-#include "core/topo.h"
+#include "base/base.h"
+#include "topo/topo.h"
 
 struct weft__tp;
 struct weft__tp_ops;

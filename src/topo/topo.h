@@ -7,7 +7,7 @@
 #ifndef WEFT_TOPO_H
 #define WEFT_TOPO_H
 
-#include "core/base.h"
+#include "base/base.h"
 
 #define WEFT__TOKEN_BYTES 16
 #define WEFT__MAX_WIRES 64       /* wires to one peer, all links together */

@@ -21,7 +21,7 @@
 #ifndef WEFT_HOSTFILE_H
 #define WEFT_HOSTFILE_H
 
-#include "core/topo.h"
+#include "topo/topo.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -55,7 +55,7 @@
  * when connecting; --wires makes more connections on it). max_slots is
  * checked and otherwise ignored.
  */
-#include "core/hostfile.h"
+#include "topo/hostfile.h"
 
 #include <errno.h>
 #include <fcntl.h>

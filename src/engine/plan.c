@@ -1,5 +1,5 @@
 /* The wire planner; see plan.h. Everything here is a pure function. */
-#include "core/plan.h"
+#include "engine/plan.h"
 
 int weft__plan_wires(size_t nbytes, int nwires, size_t min_wire_bytes)
 {

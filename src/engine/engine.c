@@ -10,10 +10,10 @@
  * is ever posted past the end of a region and no wire waits for a frame
  * its peer will not send.
  */
-#include "core/engine.h"
+#include "engine/engine.h"
 
-#include "core/kernels.h"
-#include "core/plan.h"
+#include "base/kernels.h"
+#include "engine/plan.h"
 #include "transport/transport.h"
 
 #include <assert.h>

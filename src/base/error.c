@@ -1,5 +1,5 @@
 /* Error codes, messages and logging. */
-#include "core/base.h"
+#include "base/base.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -4,7 +4,7 @@
  * through the transport's relay (weft__engine_relay), both halves of a
  * sendrecv at once under the call's one deadline.
  */
-#include "core/engine.h"
+#include "engine/engine.h"
 
 #include "transport/transport.h"
 
