@@ -1010,3 +1010,27 @@ Test(weftrun, check_file_errors, .timeout = 30)
         run_fini(&r);
     }
 }
+
+/* A --launch-cmd of no words starts no rank: weftrun says so and exits 1,
+ * for an empty one (which crashed weftrun) as for one of blanks. */
+Test(weftrun, launch_cmd_without_words, .timeout = 30)
+{
+    static const char *const cmds[] = {"", " \t "};
+    char two[1024];
+
+    fixture(two, sizeof two, "good-2hosts-3links.json");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r,
+                           (const char *const[]){"--hostfile", two,
+                                                 "--launch-cmd", cmds[i],
+                                                 "true", NULL},
+                           10);
+        expect_exit(&r, 1);
+        expect_in(r.err, "--launch-cmd: empty command", "stderr");
+        cr_assert_str_eq(r.out, "", "case %zu printed on stdout", i);
+        run_fini(&r);
+    }
+}
