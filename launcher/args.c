@@ -412,8 +412,12 @@ int args_parse(int argc, char **argv, struct opts *o)
             return EXIT_USAGE;
         i++;
         rc = args_apply(o, args_table[k].id, val);
-        if (rc >= 0)
+        if (rc >= 0) {
+            /* After --help or --version nothing is checked or run, whatever
+             * came before: main would otherwise go on with a --check. */
+            o->check = 0;
             return rc;
+        }
     }
     return args_check(argc, argv, i, o);
 }

@@ -72,7 +72,7 @@ struct opts {
  * usage message, 1 when out of memory. Whatever it returns, the caller
  * frees o->xvars. On 0, either o->check is set (and o->hostfile names the
  * file), or o->prog_argv is the program to run, or neither (after --help
- * or --version). */
+ * or --version, whatever options came before them): nothing is to run. */
 int args_parse(int argc, char **argv, struct opts *o);
 
 /* ------------------------------------------------------------------------ */

@@ -1034,3 +1034,35 @@ Test(weftrun, launch_cmd_without_words, .timeout = 30)
         run_fini(&r);
     }
 }
+
+/* --help or --version after --check prints only the help or the version:
+ * weftrun used to go on and describe the hostfile too, or with no file run
+ * a job of no ranks. */
+Test(weftrun, help_after_check_runs_nothing, .timeout = 30)
+{
+    char mesh3[1024];
+
+    fixture(mesh3, sizeof mesh3, "good-mesh3.json");
+    const struct {
+        const char *args[6];
+        const char *says;
+    } cases[] = {
+        {{"--check", mesh3, "--help", NULL}, "Usage:"},
+        {{"--hostfile", mesh3, "--check", "--help", NULL}, "Usage:"},
+        {{"--check", "--help", NULL}, "Usage:"},
+        {{"--check", mesh3, "--version", NULL}, "weftrun (weft)"},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, cases[i].args, 10);
+        expect_exit(&r, 0);
+        expect_in(r.out, cases[i].says, "stdout");
+        cr_assert_null(strstr(r.out, "3 hosts"),
+                       "case %zu described the hostfile:\n%s", i, r.out);
+        cr_assert_str_eq(r.err, "", "case %zu wrote on stderr", i);
+        run_fini(&r);
+    }
+}
