@@ -6,8 +6,8 @@
  */
 #include "topo/topo.h"
 #include "topo/hostfile.h"
+#include "base/parse.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,22 +22,6 @@
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
 
-/* Parses a decimal integer in [lo, hi]; returns 0 on success. */
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    long v;
-
-    if (s == NULL || *s == '\0')
-        return -1;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 static int env_int(const char *name, long lo, long hi, long dflt, long *out,
                    char *errmsg, size_t errlen)
 {
@@ -47,7 +31,7 @@ static int env_int(const char *name, long lo, long hi, long dflt, long *out,
         *out = dflt;
         return WEFT_OK;
     }
-    if (parse_int(s, lo, hi, out) != 0)
+    if (weft__parse_long(s, lo, hi, out) != 0)
         return CFG_ERR("%s=\"%s\" is not an integer in [%ld, %ld]; set it to "
                        "one or unset it",
                        name, s, lo, hi);
@@ -87,10 +71,10 @@ static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
                            "WEFT_RANK and WEFT_SIZE)",
                            rs ? pairs[i][0] : pairs[i][1],
                            rs ? pairs[i][1] : pairs[i][0]);
-        if (parse_int(ss, 1, WEFT__MAX_RANKS, &s) != 0)
+        if (weft__parse_long(ss, 1, WEFT__MAX_RANKS, &s) != 0)
             return CFG_ERR("%s=\"%s\" is not a job size in [1, %d]",
                            pairs[i][1], ss, WEFT__MAX_RANKS);
-        if (parse_int(rs, 0, s - 1, &r) != 0)
+        if (weft__parse_long(rs, 0, s - 1, &r) != 0)
             return CFG_ERR("%s=\"%s\" is not a rank in [0, %ld] (%s=%ld)",
                            pairs[i][0], rs, s - 1, pairs[i][1], s);
         cfg->rank = (int)r;

@@ -1010,3 +1010,59 @@ Test(weftrun, check_file_errors, .timeout = 30)
         run_fini(&r);
     }
 }
+
+/* A --launch-cmd of no words starts no rank: weftrun says so and exits 1,
+ * for an empty one (which crashed weftrun) as for one of blanks. */
+Test(weftrun, launch_cmd_without_words, .timeout = 30)
+{
+    static const char *const cmds[] = {"", " \t "};
+    char two[1024];
+
+    fixture(two, sizeof two, "good-2hosts-3links.json");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r,
+                           (const char *const[]){"--hostfile", two,
+                                                 "--launch-cmd", cmds[i],
+                                                 "true", NULL},
+                           10);
+        expect_exit(&r, 1);
+        expect_in(r.err, "--launch-cmd: empty command", "stderr");
+        cr_assert_str_eq(r.out, "", "case %zu printed on stdout", i);
+        run_fini(&r);
+    }
+}
+
+/* --help or --version after --check prints only the help or the version:
+ * weftrun used to go on and describe the hostfile too, or with no file run
+ * a job of no ranks. */
+Test(weftrun, help_after_check_runs_nothing, .timeout = 30)
+{
+    char mesh3[1024];
+
+    fixture(mesh3, sizeof mesh3, "good-mesh3.json");
+    const struct {
+        const char *args[6];
+        const char *says;
+    } cases[] = {
+        {{"--check", mesh3, "--help", NULL}, "Usage:"},
+        {{"--hostfile", mesh3, "--check", "--help", NULL}, "Usage:"},
+        {{"--check", "--help", NULL}, "Usage:"},
+        {{"--check", mesh3, "--version", NULL}, "weftrun (weft)"},
+    };
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct run r;
+
+        run_init(&r);
+        run_weftrun_within(&r, cases[i].args, 10);
+        expect_exit(&r, 0);
+        expect_in(r.out, cases[i].says, "stdout");
+        cr_assert_null(strstr(r.out, "3 hosts"),
+                       "case %zu described the hostfile:\n%s", i, r.out);
+        cr_assert_str_eq(r.err, "", "case %zu wrote on stderr", i);
+        run_fini(&r);
+    }
+}
