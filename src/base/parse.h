@@ -1,6 +1,6 @@
 /*
  * Reading numbers from text: the one integer parser shared by the library
- * (its WEFT_* environment variables, src/core/config.c) and weftrun (its
+ * (its WEFT_* environment variables, src/topo/config.c) and weftrun (its
  * option values, launcher/args.c).
  *
  * This header includes nothing of the library's, so that weftrun, which is
