@@ -12,6 +12,7 @@
  */
 #include "engine/engine.h"
 
+#include "base/bytes.h"
 #include "base/kernels.h"
 #include "engine/plan.h"
 #include "transport/transport.h"
@@ -214,29 +215,6 @@ typedef struct ophdr {
     uint64_t seq, count, total;
 } ophdr;
 
-static void put32le(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32le(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
-
-static void put64le(uint8_t *p, uint64_t v)
-{
-    put32le(p, (uint32_t)v);
-    put32le(p + 4, (uint32_t)(v >> 32));
-}
-
-static uint64_t get64le(const uint8_t *p)
-{
-    return (uint64_t)get32le(p) | (uint64_t)get32le(p + 4) << 32;
-}
-
 static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag,
                     uint64_t seq, uint64_t total)
 {
@@ -258,30 +236,30 @@ static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag,
 
 static void hdr_encode(uint8_t *b, const ophdr *h)
 {
-    put32le(b, h->magic);
+    weft__put_le32(b, h->magic);
     b[4] = (uint8_t)h->kind;
     b[5] = (uint8_t)h->dtype;
     b[6] = (uint8_t)h->redop;
     b[7] = (uint8_t)h->pass;
-    put32le(b + 8, h->tag);
-    put32le(b + 12, (uint32_t)h->root);
-    put64le(b + 16, h->seq);
-    put64le(b + 24, h->count);
-    put64le(b + 32, h->total);
+    weft__put_le32(b + 8, h->tag);
+    weft__put_le32(b + 12, (uint32_t)h->root);
+    weft__put_le64(b + 16, h->seq);
+    weft__put_le64(b + 24, h->count);
+    weft__put_le64(b + 32, h->total);
 }
 
 static void hdr_decode(const uint8_t *b, ophdr *h)
 {
-    h->magic = get32le(b);
+    h->magic = weft__get_le32(b);
     h->kind = b[4];
     h->dtype = b[5];
     h->redop = b[6];
     h->pass = b[7];
-    h->tag = get32le(b + 8);
-    h->root = (int32_t)get32le(b + 12);
-    h->seq = get64le(b + 16);
-    h->count = get64le(b + 24);
-    h->total = get64le(b + 32);
+    h->tag = weft__get_le32(b + 8);
+    h->root = (int32_t)weft__get_le32(b + 12);
+    h->seq = weft__get_le64(b + 16);
+    h->count = weft__get_le64(b + 24);
+    h->total = weft__get_le64(b + 32);
 }
 
 /* "broadcast(count 1024, float32, root 1) #7", for messages. */

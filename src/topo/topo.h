@@ -97,6 +97,13 @@ typedef struct weft__config {
     int *rank_host; /* nranks entries: host index of each rank */
 } weft__config;
 
+/* 1 when cable lk joins hosts ha and hb (either way round). */
+static inline int weft__link_joins(const weft__link *lk, int ha, int hb)
+{
+    return (lk->end[0].host == ha && lk->end[1].host == hb) ||
+           (lk->end[0].host == hb && lk->end[1].host == ha);
+}
+
 /* Reads the configuration from the environment. On failure fills errmsg
  * (what is wrong and what to set) and returns WEFT_ECONFIG or WEFT_ENOMEM. */
 int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen);

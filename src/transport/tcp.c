@@ -37,6 +37,8 @@
  */
 #include "transport/transport.h"
 
+#include "base/bytes.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdint.h>
@@ -55,7 +57,6 @@
 #define REPLY_BYTES 8
 #define ACK_MAGIC 0x4b414657u /* "WFAK" */
 #define ACK_BYTES 4
-#define LINK_LOOPBACK 0xffffffffu
 #define LINK_RELAY 0xfffffffeu /* the relay connection to a neighbour */
 #define RELAY_MAGIC 0x4c524657u /* "WFRL" */
 #define RELAY_HDR 24
@@ -124,7 +125,7 @@ typedef struct conn {
 /* One wire slot of a peer: which link it runs on and, once up, its
  * connection. */
 typedef struct {
-    uint32_t link; /* link index in the hostfile, or LINK_LOOPBACK */
+    uint32_t link; /* link index in the hostfile, or WEFT__LINK_LOOPBACK */
     uint32_t lwire; /* wire index on that link */
     int outgoing;   /* we connect (we are the higher rank) */
     char addr[64];  /* where to connect (outgoing only) */
@@ -795,19 +796,6 @@ static void slot_lost(conn *k, const char *why)
     conn_close(k);
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htonl(v);
-    memcpy(p, &v, 4);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return ntohl(v);
-}
-
 static int token_equal(const uint8_t *a, const uint8_t *b)
 {
     uint8_t d = 0;
@@ -820,12 +808,12 @@ static int token_equal(const uint8_t *a, const uint8_t *b)
  * link, wire on link, then the 16-byte token. */
 static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
 {
-    put32(out, HELLO_MAGIC);
-    put32(out + 4, HELLO_VERSION);
-    put32(out + 8, (uint32_t)tp->rank);
-    put32(out + 12, (uint32_t)to);
-    put32(out + 16, s->link);
-    put32(out + 20, s->lwire);
+    weft__put_be32(out, HELLO_MAGIC);
+    weft__put_be32(out + 4, HELLO_VERSION);
+    weft__put_be32(out + 8, (uint32_t)tp->rank);
+    weft__put_be32(out + 12, (uint32_t)to);
+    weft__put_be32(out + 16, s->link);
+    weft__put_be32(out + 20, s->lwire);
     memcpy(out + 24, tp->cfg->token, WEFT__TOKEN_BYTES);
 }
 
@@ -870,14 +858,14 @@ static void reply_write_cb(uv_write_t *req, int status)
 static void hello_done(conn *k)
 {
     tcp_tp *tp = k->tp;
-    uint32_t from = get32(k->hbuf + 8), to = get32(k->hbuf + 12);
-    uint32_t link = get32(k->hbuf + 16), lwire = get32(k->hbuf + 20);
+    uint32_t from = weft__get_be32(k->hbuf + 8), to = weft__get_be32(k->hbuf + 12);
+    uint32_t link = weft__get_be32(k->hbuf + 16), lwire = weft__get_be32(k->hbuf + 20);
     uv_buf_t b;
     slot *s = NULL;
 
-    if (get32(k->hbuf) != HELLO_MAGIC)
+    if (weft__get_be32(k->hbuf) != HELLO_MAGIC)
         return reject(k, "not a weft hello (bad magic)");
-    if (get32(k->hbuf + 4) != HELLO_VERSION)
+    if (weft__get_be32(k->hbuf + 4) != HELLO_VERSION)
         return reject(k, "unsupported protocol version");
     if (!token_equal(k->hbuf + 24, tp->cfg->token))
         return reject(k, "wrong job token (WEFT_JOB_TOKEN)");
@@ -902,8 +890,8 @@ static void hello_done(conn *k)
     k->hgot = 0;
     k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
     tune_socket(k);
-    put32(k->out, REPLY_MAGIC);
-    put32(k->out + 4, (uint32_t)tp->rank);
+    weft__put_be32(k->out, REPLY_MAGIC);
+    weft__put_be32(k->out + 4, (uint32_t)tp->rank);
     b = uv_buf_init((char *)k->out, REPLY_BYTES);
     k->hreq.data = k;
     if (tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
@@ -947,7 +935,7 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     k->hgot += (size_t)nread;
     if (k->state == CONN_HELLO_WAIT) {
         /* Reject garbage as soon as its first word shows it. */
-        if (k->hgot >= 4 && get32(k->hbuf) != HELLO_MAGIC)
+        if (k->hgot >= 4 && weft__get_be32(k->hbuf) != HELLO_MAGIC)
             return reject(k, "not a weft hello (bad magic)");
         if (k->hgot == HELLO_BYTES)
             hello_done(k);
@@ -957,7 +945,7 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (k->hgot < ACK_BYTES)
             return;
         uv_read_stop(st);
-        if (get32(k->hbuf) != ACK_MAGIC)
+        if (weft__get_be32(k->hbuf) != ACK_MAGIC)
             return slot_lost(k, "not a weft acknowledgement");
         k->state = CONN_UP;
         conn_up(k);
@@ -965,8 +953,8 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     if (k->hgot == REPLY_BYTES) {
         uv_read_stop(st);
-        if (get32(k->hbuf) != REPLY_MAGIC ||
-            get32(k->hbuf + 4) != (uint32_t)k->peer) {
+        if (weft__get_be32(k->hbuf) != REPLY_MAGIC ||
+            weft__get_be32(k->hbuf + 4) != (uint32_t)k->peer) {
             tcp_fail(tp, WEFT_EAUTH,
                      "rank %d: %s answered wire %d's hello wrongly: not rank "
                      "%d of this job",
@@ -975,7 +963,7 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         }
         /* Up on this side from here: the acknowledgement goes before any
          * data, and a close from now on is the peer leaving. */
-        put32(k->ack, ACK_MAGIC);
+        weft__put_be32(k->ack, ACK_MAGIC);
         b = uv_buf_init((char *)k->ack, ACK_BYTES);
         k->areq.data = k;
         if (tcp_write(tp, &k->areq, st, &b, 1, ack_write_cb) != 0) {
@@ -1200,12 +1188,12 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
         free(owned);
         return WEFT_ENOMEM;
     }
-    put32(w->hdr, RELAY_MAGIC);
-    put32(w->hdr + 4, src);
-    put32(w->hdr + 8, dst);
-    put32(w->hdr + 12, len);
-    put32(w->hdr + 16, (uint32_t)(total >> 32));
-    put32(w->hdr + 20, (uint32_t)total);
+    weft__put_be32(w->hdr, RELAY_MAGIC);
+    weft__put_be32(w->hdr + 4, src);
+    weft__put_be32(w->hdr + 8, dst);
+    weft__put_be32(w->hdr + 12, len);
+    weft__put_be32(w->hdr + 16, (uint32_t)(total >> 32));
+    weft__put_be32(w->hdr + 20, (uint32_t)total);
     w->owned = owned;
     w->x = x;
     b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
@@ -1354,8 +1342,8 @@ static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         k->rhgot += (size_t)nread;
         if (k->rhgot < RELAY_HDR)
             return;
-        len = get32(k->rhdr + 12);
-        if (get32(k->rhdr) != RELAY_MAGIC || len == 0 || len > RELAY_CHUNK) {
+        len = weft__get_be32(k->rhdr + 12);
+        if (weft__get_be32(k->rhdr) != RELAY_MAGIC || len == 0 || len > RELAY_CHUNK) {
             uv_read_stop(st);
             k->rx_end = UV_EPROTO;
             tcp_fail(tp, WEFT_ETRANSPORT,
@@ -1379,10 +1367,10 @@ static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
             return;
         }
-        c->src = get32(k->rhdr + 4);
-        c->dst = get32(k->rhdr + 8);
+        c->src = weft__get_be32(k->rhdr + 4);
+        c->dst = weft__get_be32(k->rhdr + 8);
         c->len = (uint32_t)k->rdlen;
-        c->total = (uint64_t)get32(k->rhdr + 16) << 32 | get32(k->rhdr + 20);
+        c->total = (uint64_t)weft__get_be32(k->rhdr + 16) << 32 | weft__get_be32(k->rhdr + 20);
         c->data = k->rdata;
         k->rdata = NULL;
         k->rhgot = 0;
@@ -1501,8 +1489,7 @@ static int hosts_linked(const weft__config *cfg, int ha, int hb)
         return 1;
     for (int l = 0; l < cfg->nlinks; l++) {
         const weft__link *lk = &cfg->links[l];
-        if ((lk->end[0].host == ha && lk->end[1].host == hb) ||
-            (lk->end[0].host == hb && lk->end[1].host == ha))
+        if (weft__link_joins(lk, ha, hb))
             return 1;
     }
     return 0;
@@ -1544,8 +1531,7 @@ static int plan_slots(tcp_tp *tp, int W)
         else
             for (int l = 0; l < cfg->nlinks; l++) {
                 const weft__link *lk = &cfg->links[l];
-                if ((lk->end[0].host == hp && lk->end[1].host == hm) ||
-                    (lk->end[0].host == hm && lk->end[1].host == hp))
+                if (weft__link_joins(lk, hp, hm))
                     n += W;
             }
         if (n == 0)
@@ -1563,7 +1549,7 @@ static int plan_slots(tcp_tp *tp, int W)
         if (hp == hm) {
             for (int w = 0; w < W; w++, n++) {
                 slot *s = &tp->peers[p].s[n];
-                s->link = LINK_LOOPBACK;
+                s->link = WEFT__LINK_LOOPBACK;
                 s->lwire = (uint32_t)w;
                 strcpy(s->addr, "127.0.0.1");
             }
@@ -1571,8 +1557,7 @@ static int plan_slots(tcp_tp *tp, int W)
             for (int l = 0; l < cfg->nlinks; l++) {
                 const weft__link *lk = &cfg->links[l];
                 int lo_end;
-                if (!((lk->end[0].host == hp && lk->end[1].host == hm) ||
-                      (lk->end[0].host == hm && lk->end[1].host == hp)))
+                if (!weft__link_joins(lk, hp, hm))
                     continue;
                 lo_end = lk->end[0].host == cfg->rank_host[lo] ? 0 : 1;
                 for (int w = 0; w < W; w++, n++) {

@@ -28,6 +28,10 @@
 
 typedef struct weft__tp weft__tp;
 
+/* The link index of the wires between ranks of one host (loopback), in
+ * every transport's handshake and wire numbering. */
+#define WEFT__LINK_LOOPBACK 0xffffffffu
+
 /* A posted frame. The engine owns it; the transport keeps a pointer to it
  * until its completion callback has run. */
 typedef struct weft__xfer {
