@@ -840,10 +840,13 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
                 r.rseq[l] = c->recv_seq[ln->recv_peer]++;
         }
     }
+    /* Lanes first: a check channel never shares a direction of a wire
+     * with a lane, and a check sent to a peer the lanes receive from then
+     * finds that wire read (no look for a close before it, tcp.c). */
     plan_checks(&r);
-    post_checks(&r);
     for (int l = 0; l < op->nlanes; l++)
         pump_lane(&r, l);
+    post_checks(&r);
     for (;;) {
         all_done = check_done(&r);
         for (int l = 0; l < op->nlanes && all_done; l++)

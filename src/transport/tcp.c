@@ -1821,12 +1821,14 @@ static int tcp_progress(weft__tp *t, uint64_t deadline_ms)
 
     if (tp->probe) {
         /* A send waits to go to a wire nothing reads from: see first
-         * whether its peer has closed (tcp_post_send). */
+         * whether its peer has closed (tcp_post_send). What this turn of
+         * the loop completes counts as progress like any other (ev is not
+         * taken again): the caller may be done now, and must look before
+         * this call sleeps. */
         tp->probe = 0;
         tcp_run(tp, UV_RUN_NOWAIT);
         if (tp->err != 0)
             return tp->err;
-        ev = tp->events;
     }
     tcp_handoff(tp);
     if (tp->err != 0)
