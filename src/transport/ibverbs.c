@@ -28,9 +28,47 @@
  * write's completion says a slot has landed, and its bytes are copied into
  * the posted receive frames in stream order, so that a receive of len bytes
  * completes when exactly len bytes of the wire's stream have landed, as
- * with TCP. A send frame completes once its bytes are in the send ring (the
- * caller's buffer is free again); finalize waits for the rings' writes to
- * be acknowledged before it says goodbye.
+ * with TCP.
+ *
+ * A send frame completes only once the RDMA write of the slot that holds
+ * its last byte has completed successfully, not when its bytes are in the
+ * send ring: the local completion of an RC write means the responder
+ * acknowledged it, so the bytes are in the peer's ring and the peer's
+ * receive completion for them is there. Completing earlier would let a
+ * rank finish an operation, and then die (a SIGKILL, an exit without
+ * weft_finalize), while its last writes were still queued in its device
+ * or unacknowledged: they die with the process, and a survivor would wait
+ * for bytes that the dead rank had reported as sent. So each wire keeps the
+ * frames whose bytes are all in the ring in a second queue, in order, each
+ * marked with the count of slot writes that covers its last byte, and
+ * completes them in order as that count of completed writes passes their
+ * mark. This costs no throughput where it matters: the engine keeps at most
+ * WEFT__SEND_DEPTH frames in flight per wire (a MiB at the default frame
+ * size), far above the bandwidth-delay product of any link this runs on,
+ * and the ring's slots were already held until their writes completed.
+ *
+ * Goodbyes: finalize waits for its writes to be acknowledged, then sends
+ * on every TCP connection 'B' and, per wire of that link, the count of
+ * slots that have landed from the peer. A peer whose write was landed but
+ * whose acknowledgement was lost (rxe retransmits under load) learns from
+ * that count that its frames arrived, rather than failing when the
+ * retransmission finds the queue pair gone.
+ *
+ * Deaths: what a peer wrote before it completed an operation must be
+ * delivered and consumed before its death counts. It closes its TCP
+ * connection (by dying) only after its last writes were acknowledged
+ * (above), so their completions are on the completion queue by then, but
+ * the close can overtake them on the way into this process (the CQ is
+ * polled first in each pass, the close is noticed after). A failure of the
+ * TCP side is therefore kept aside, with its message (tcp_news), the CQ is
+ * polled once more, and everything on it handed over; the failure is
+ * judged only when this rank waits for something from the lost peer that
+ * can no longer come: a receive that what landed cannot fill, a frame not
+ * written, or a write not acknowledged within TCP_ACK_GRACE_MS of the
+ * close (tcp_wait_ms says why that grace), or when nothing has moved for
+ * TCP_QUIET_MS. So an operation that the landed data and the living peers
+ * finish returns WEFT_OK, and the failure stands for whatever next waits
+ * on the lost peer.
  *
  * Every work completion's status is checked: a failed one fails the
  * communicator with WEFT_ETRANSPORT and ibv_wc_status_str() in the message,
@@ -41,6 +79,8 @@
  */
 #include "transport/ib_budget.h"
 #include "transport/transport.h"
+
+#include "base/bytes.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,10 +96,12 @@
 #include <unistd.h>
 
 #define IB_MAGIC 0x42494657u /* "WFIB" */
-#define IB_VERSION 1u
+#define IB_VERSION 2u        /* 2: the goodbye carries landed counts */
 #define IB_HDR_BYTES 32
 #define IB_QP_BYTES 48
-#define LINK_LOOPBACK 0xffffffffu
+#define IB_BYE_BYTES(wires) (1 + 4 * (wires)) /* 'B', landed per wire */
+_Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES,
+               "a goodbye fits in the buffer of the set-up message");
 #define CQ_BATCH 32
 #define IB_PORT_DEFAULT 1
 #define IB_QP_TIMEOUT 14 /* 4.096 us * 2^14: 67 ms, rxe under TCG needs it */
@@ -67,6 +109,11 @@
 #define IB_RNR_RETRY 7 /* 7: retry for ever; a receiver reposts promptly */
 #define IB_HOP_LIMIT 64
 #define BYE_WAIT_MS 1000
+/* After a peer's TCP connection closed (tcp_wait_ms): how long a write to
+ * it that a send frame waits on may still be acknowledged, and how long
+ * nothing may move before the failure is judged whatever it waits for. */
+#define TCP_ACK_GRACE_MS 250
+#define TCP_QUIET_MS 1000
 #define DRAIN_MAX_MS 10000
 #define MAX_DEVS 16 /* device ports one rank uses */
 
@@ -96,7 +143,7 @@ typedef struct ib_wire {
     ib_tp *tp;
     int peer;
     int w;         /* wire index as the engine numbers it */
-    uint32_t link; /* hostfile link index, or LINK_LOOPBACK */
+    uint32_t link; /* hostfile link index, or WEFT__LINK_LOOPBACK */
     ib_dev *dev;
     int gid_index;
     union ibv_gid gid;
@@ -112,9 +159,16 @@ typedef struct ib_wire {
      * the head are in the ring already. */
     weft__xfer *sq_head, *sq_tail;
     size_t sq_off;
+    /* Frames all of whose bytes are in the ring, oldest first, waiting for
+     * the write of the slot that holds their last byte; each one's mark
+     * (kept in its got field) is the count of completed slot writes that
+     * completes it. */
+    weft__xfer *wq_head, *wq_tail;
     uint64_t s_posted; /* slots written */
     uint64_t s_done;   /* slot writes completed (the local slot is free) */
     uint64_t s_credit; /* slots the peer has consumed, as it told us */
+    uint64_t s_landed; /* slots landed at the peer, as its goodbye said */
+    int bye;           /* the goodbye of this wire's link has come */
     int s_wr;          /* send requests outstanding, data and credit */
     int c_wr;          /* credit messages outstanding */
     /* Receive side: posted frames, oldest first. */
@@ -138,9 +192,11 @@ typedef struct ib_link {
     int twire; /* its wire index in the TCP transport */
     uint32_t link;
     weft__xfer sx, rx, bye_rx, bye_tx;
-    uint8_t *out; /* header and this end's QP entries */
-    uint8_t *in;  /* the peer's */
-    uint8_t bye_in, bye_out;
+    /* Header and this end's QP entries, then the goodbye (IB_BYE_BYTES,
+     * which fits in the space of the header). */
+    uint8_t *out;
+    uint8_t *in; /* the peer's */
+    uint8_t ready_in, ready_out;
 } ib_link;
 
 typedef struct {
@@ -154,11 +210,10 @@ typedef struct {
 struct ib_tp {
     const weft__tp_params *p; /* what create() was given */
     weft__tp_params boot_p;   /* the same for the TCP side */
-    weft__tp *tcp;
-    /* The TCP side's failures land here first: a peer's close on it
-     * counts only once what the peer wrote before has been handed over
-     * (poll_once), and only then reaches the communicator (boot_forward). */
+    /* The TCP side's failures land here, not on the communicator's
+     * record: tcp_news keeps them aside until they are judged. */
     weft__errsink boot;
+    weft__tp *tcp;
     int rank;
     int nranks;
     int wires; /* per link */
@@ -170,6 +225,13 @@ struct ib_tp {
     struct ibv_device **devlist;
     int ndevices;
     int err;
+    /* A failure of the TCP side (a peer's connection closed), noticed but
+     * not yet judged, and its message (poll_once). */
+    int tcp_err;
+    char tcp_msg[WEFT__ERRMSG_LEN];
+    int tcp_lost;         /* the peer it names as gone, or -1 */
+    uint64_t tcp_err_ms;  /* when it was noticed (weft__now_ms) */
+    uint64_t tcp_move_ms; /* when anything last moved since (or a post) */
     int shut;
     int ready;         /* create() finished: finalize drains and says goodbye */
     int nleft;         /* peers that said goodbye */
@@ -195,18 +257,9 @@ static void ib_fail(ib_tp *tp, int err, const char *fmt, ...)
     va_end(ap);
 }
 
-/* The TCP side's failure, once it stands, on the communicator's record
- * (where a failure of this transport's own may already be). Returns err. */
-static int boot_forward(ib_tp *tp, int err)
-{
-    if (err != 0 && tp->boot.code != 0)
-        weft__fail(tp->p->sink, tp->boot.code, "%s", tp->boot.msg);
-    return err;
-}
-
 static const char *link_name(const ib_wire *w, char *buf, size_t len)
 {
-    if (w->link == LINK_LOOPBACK)
+    if (w->link == WEFT__LINK_LOOPBACK)
         snprintf(buf, len, "loopback");
     else
         snprintf(buf, len, "link %u", w->link);
@@ -214,30 +267,6 @@ static const char *link_name(const ib_wire *w, char *buf, size_t len)
 }
 
 /* ---- small helpers ---- */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htonl(v);
-    memcpy(p, &v, 4);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return ntohl(v);
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
 
 static int set_nonblock(int fd)
 {
@@ -511,7 +540,7 @@ static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
     const char *addr = NULL;
     int port = IB_PORT_DEFAULT, rc;
 
-    if (link != LINK_LOOPBACK) {
+    if (link != WEFT__LINK_LOOPBACK) {
         const weft__link *lk = &cfg->links[link];
         e = lk->end[0].host == me ? &lk->end[0] : &lk->end[1];
         snprintf(what, sizeof what, "the hostfile's links[%u]", link);
@@ -526,7 +555,7 @@ static int wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
                  cfg->ib_device[0] ? "WEFT_IB_DEVICE"
                                    : "this host's first link end");
     }
-    if (link == LINK_LOOPBACK && cfg->ib_device[0] != '\0') {
+    if (link == WEFT__LINK_LOOPBACK && cfg->ib_device[0] != '\0') {
         if (parse_device(cfg->ib_device, name, sizeof name, &port) != 0)
             return weft__fail(tp->p->sink, WEFT_ECONFIG,
                               "rank %d: WEFT_IB_DEVICE=\"%s\": expected "
@@ -680,9 +709,21 @@ static int post_write(ib_wire *w, uint32_t slot, size_t len)
     return 0;
 }
 
+/* Whether `count` completed slot writes have reached a frame's mark. Marks
+ * live in a size_t (the frame's got field), so compare modulo its width:
+ * a mark is never more than a ring of slots away from the count. */
+static int slots_reached(uint64_t count, size_t mark)
+{
+    return (size_t)((size_t)count - mark) <= SIZE_MAX / 2;
+}
+
 /* Packs queued send frames into free slots and writes them, while the
- * peer has room (credits) and this side has free slots. A frame completes
- * once its last byte is in the ring: its buffer is not needed after. */
+ * peer has room (credits) and this side has free slots. A frame whose last
+ * byte is in the ring moves to the wire's queue of frames waiting for
+ * their writes (tx_done completes them), marked with the count of slot
+ * writes that covers that byte: the slot being filled, counted from one. A
+ * frame of no bytes takes the mark of the bytes before it, so that frames
+ * still complete in order. */
 static void tx_flush(ib_wire *w)
 {
     ib_tp *tp = w->tp;
@@ -690,7 +731,6 @@ static void tx_flush(ib_wire *w)
     size_t S = tp->slot_bytes;
 
     while (w->sq_head != NULL && tp->err == 0 && !tp->shut && !w->dead) {
-        weft__xfer *done = NULL, **dtail = &done;
         uint32_t slot;
         char *dst;
         size_t fill = 0;
@@ -713,29 +753,41 @@ static void tx_flush(ib_wire *w)
                 w->sq_head = x->tp_next;
                 if (w->sq_head == NULL)
                     w->sq_tail = NULL;
-                x->tp_next = NULL;
-                *dtail = x;
-                dtail = (weft__xfer **)&x->tp_next;
                 w->sq_off = 0;
+                x->got = (size_t)(w->s_posted + (fill > 0));
+                weft__xq_push(&w->wq_head, &w->wq_tail, x);
             }
         }
         if (fill > 0 && post_write(w, slot, fill) != 0)
             return;
-        while (done != NULL) {
-            /* done() may post x again, which reuses its link. */
-            weft__xfer *x = done;
-            done = x->tp_next;
-            x->tp_next = NULL;
-            tp->events++;
-            x->done(x);
-            if (tp->err != 0 || tp->shut)
-                return;
-        }
+    }
+}
+
+/* Completes, in order, the frames whose last byte's slot write has
+ * completed (or that the peer's goodbye says have landed). Runs only
+ * inside progress(). */
+static void tx_done(ib_wire *w)
+{
+    ib_tp *tp = w->tp;
+    uint64_t acked = w->s_done > w->s_landed ? w->s_done : w->s_landed;
+
+    while (w->wq_head != NULL && tp->err == 0 && !tp->shut) {
+        weft__xfer *x = w->wq_head;
+
+        if (!slots_reached(acked, x->got))
+            break;
+        w->wq_head = x->tp_next;
+        if (w->wq_head == NULL)
+            w->wq_tail = NULL;
+        /* done() may post x again, which reuses its link. */
+        x->tp_next = NULL;
+        tp->events++;
+        x->done(x);
     }
 }
 
 /* Runs the wires that have something to do: landed slots or posted
- * receives, queued sends, credits that were deferred. */
+ * receives, completed writes, queued sends, credits that were deferred. */
 static void process_dirty(ib_tp *tp)
 {
     while (tp->dirty != NULL && tp->err == 0 && !tp->shut) {
@@ -746,6 +798,8 @@ static void process_dirty(ib_tp *tp)
         w->dirty_next = NULL;
         rx_drain(w);
         tx_flush(w);
+        /* After the flush: a frame of no bytes may be complete at once. */
+        tx_done(w);
         credit_maybe(w);
     }
 }
@@ -783,17 +837,60 @@ static const char *wr_kind_name(int kind)
     }
 }
 
+/* The peer that a failure of the TCP side names as gone, or -1. The TCP
+ * transport says it only in its message, as "rank R: peer P closed wire W
+ * ..." or "rank R: receive from peer P on wire W ... failed: ...";
+ * anything else (a relay connection, another wording) gives -1, and
+ * tcp_wait_ms then judges without knowing the peer. Only peers with wires
+ * count: what a relayed peer sent went through the TCP side, which has
+ * failed. */
+static int tcp_lost_peer(const ib_tp *tp, const char *msg)
+{
+    int r, p = -1, n = 0;
+
+    if (sscanf(msg, "rank %d: peer %d closed wire %n", &r, &p, &n) != 2 ||
+        n == 0) {
+        n = 0;
+        if (sscanf(msg, "rank %d: receive from peer %d on wire %n", &r, &p,
+                   &n) != 2 ||
+            n == 0)
+            return -1;
+    }
+    if (p < 0 || p >= tp->nranks || p == tp->rank)
+        return -1;
+    /* With a relayed peer in the job, relays may be in flight through the
+     * failed TCP side, which the peer's wires do not show. */
+    for (int q = 0; q < tp->nranks; q++)
+        if (q != tp->rank && tp->peers[q].nwires == 0)
+            return -1;
+    return p;
+}
+
 /* Takes in the TCP side's news (a goodbye, a closed connection) before a
  * failure is judged: a peer that finalized makes its queue pairs fail
- * without that being an error here. */
+ * without that being an error here. Returns the TCP side's failure, which
+ * is kept aside (tcp_err, tcp_msg) rather than made this transport's own:
+ * poll_once judges it once what landed before it has been handed over.
+ * The TCP side records it in its own error record (tp->boot), never on the
+ * communicator's, so an operation that still succeeds leaves no failure
+ * behind it (the message reaches the communicator when it is judged). */
 static int tcp_news(ib_tp *tp)
 {
-    int rc = weft__tcp_poll(tp->tcp);
+    int rc;
 
+    if (tp->tcp_err != 0)
+        return tp->tcp_err;
+    rc = weft__tcp_poll(tp->tcp);
     if (rc < 0) {
-        /* The TCP transport has recorded the cause on the communicator. */
-        if (tp->err == 0)
-            tp->err = rc;
+        tp->tcp_err = rc;
+        tp->tcp_err_ms = tp->tcp_move_ms = weft__now_ms();
+        snprintf(tp->tcp_msg, sizeof tp->tcp_msg, "%s",
+                 tp->boot.code != 0 ? tp->boot.msg : weft_strerror(rc));
+        tp->tcp_lost = tcp_lost_peer(tp, tp->tcp_msg);
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "the TCP side failed (peer %d): %s; judged once what "
+                  "landed is handed over",
+                  tp->tcp_lost, tp->tcp_msg);
         return rc;
     }
     if (rc > 0)
@@ -801,14 +898,79 @@ static int tcp_news(ib_tp *tp)
     return 0;
 }
 
-static int wire_busy(const ib_wire *w)
+/* Judges the TCP side's failure that tcp_news kept aside: from now on it
+ * is this transport's, with the TCP side's message. */
+static int tcp_judge(ib_tp *tp)
 {
-    return w->sq_head != NULL || w->rq_head != NULL;
+    ib_fail(tp, tp->tcp_err, "%s", tp->tcp_msg);
+    return tp->err;
+}
+
+/* After the TCP side failed and everything on the CQ was handed over
+ * (poll_once): 0 when the failure is to be judged now, else how long at
+ * most to wait before asking again (ms).
+ *
+ * With the lost peer known, what this rank still waits for from it
+ * decides. Whatever it wrote before it completed an operation has landed
+ * and been handed over by now, so a receive still posted on one of its
+ * wires can never be filled, and a frame not yet written to it can never
+ * be delivered: judged at once. A frame written to it but not yet
+ * acknowledged may have arrived, and the peer may have completed its
+ * operation on it before it died: its device acknowledged the write
+ * before the peer's process even saw it land, so the acknowledgement is
+ * normally here long before the close. But the two travel apart (the
+ * acknowledgement through the RDMA device's deferred work, the close
+ * through the socket), and a guest whose virtual CPUs the host holds back
+ * can let the close overtake it: TCP_ACK_GRACE_MS covers that. Waiting
+ * for the write to fail instead is no bound: rxe retries a write to a
+ * queue pair that is gone for ever at IB_RETRY_CNT 7. A wire whose queue
+ * pair failed since completes nothing more either.
+ *
+ * What this rank waits for from the other peers does not count as long as
+ * it moves: an operation that they finish with the landed data succeeds.
+ * But the TCP side reports only its first failure, so a peer that goes
+ * after it (a survivor that failed on the loss and exited) is not seen
+ * going: once nothing has moved (no completion, no post) for TCP_QUIET_MS,
+ * the failure is judged whatever this rank waits for. That is also the
+ * whole rule where the lost peer is not known. */
+static int tcp_wait_ms(ib_tp *tp)
+{
+    uint64_t now = weft__now_ms();
+    uint64_t end = tp->tcp_move_ms + TCP_QUIET_MS;
+    uint64_t ack_end = tp->tcp_err_ms + TCP_ACK_GRACE_MS;
+
+    if (now >= end)
+        return 0;
+    for (int p = 0; tp->tcp_lost >= 0 && p < tp->nranks; p++) {
+        const ib_peer *pe = &tp->peers[p];
+
+        for (int i = 0; i < pe->nwires; i++) {
+            const ib_wire *w = &pe->w[i];
+            int busy =
+                w->rq_head != NULL || w->sq_head != NULL || w->wq_head != NULL;
+
+            if (w->dead && busy)
+                return 0;
+            if (p != tp->tcp_lost)
+                continue;
+            if (w->rq_head != NULL || w->sq_head != NULL)
+                return 0;
+            if (w->wq_head != NULL) {
+                if (now >= ack_end)
+                    return 0;
+                if (ack_end < end)
+                    end = ack_end;
+            }
+        }
+    }
+    return (int)(end - now);
 }
 
 /* A wire's queue pair failed (what: the request or event, detail: why).
- * After its peer said goodbye that is expected when the wire is idle (the
- * peer destroyed its end), and a lost peer (WEFT_EPEER) otherwise. */
+ * After a failure of the TCP side, or after its peer said goodbye, that is
+ * expected: the wire is dead (it sends no more) and the failure is judged
+ * elsewhere, once what landed on it has been handed over (tcp_wait_ms,
+ * left_check). Otherwise it fails the transport. */
 static void wire_failed(ib_wire *w, int err, const char *what,
                         const char *detail)
 {
@@ -817,22 +979,12 @@ static void wire_failed(ib_wire *w, int err, const char *what,
 
     if (tp->shut || tp->err != 0 || w->dead)
         return;
-    if (tcp_news(tp) != 0)
-        return;
-    if (tp->peers[w->peer].left) {
-        if (!wire_busy(w)) {
-            weft__log(WEFT__LOG_DEBUG, tp->rank,
-                      "wire %d to peer %d: %s failed after the peer left: "
-                      "%s",
-                      w->w, w->peer, what, detail);
-            w->dead = 1;
-            return;
-        }
-        ib_fail(tp, WEFT_EPEER,
-                "rank %d: peer %d finalized while wire %d (%s, device %s) "
-                "still had frames: %s failed: %s",
-                tp->rank, w->peer, w->w, link_name(w, lname, sizeof lname),
-                w->dev->name, what, detail);
+    if (tcp_news(tp) != 0 || tp->peers[w->peer].left) {
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "wire %d to peer %d: %s failed after the peer %s: %s", w->w,
+                  w->peer, what, tp->tcp_err != 0 ? "was lost" : "left",
+                  detail);
+        w->dead = 1;
         return;
     }
     ib_fail(tp, err,
@@ -999,9 +1151,10 @@ static void async_events(ib_tp *tp, ib_dev *d)
 }
 
 /* A peer that said goodbye sent everything it was going to before (its
- * writes were acknowledged, so their completions are here already): a
- * receive that what has landed cannot fill, or a send, can never
- * complete. */
+ * writes were acknowledged, so their completions are here already), and
+ * said per wire how many of this rank's slot writes had landed: a receive
+ * that what has landed cannot fill, a send not yet written, or one that
+ * the goodbye of its link does not cover, can never complete. */
 static void left_check(ib_tp *tp)
 {
     char lname[32];
@@ -1014,13 +1167,12 @@ static void left_check(ib_tp *tp)
             continue;
         for (int i = 0; i < pe->nwires && tp->err == 0; i++) {
             ib_wire *w = &pe->w[i];
-            if ((w->rq_head != NULL && w->r_consumed == w->r_landed) ||
-                w->sq_head != NULL)
+            int unsent = w->sq_head != NULL || (w->bye && w->wq_head != NULL);
+            if ((w->rq_head != NULL && w->r_consumed == w->r_landed) || unsent)
                 ib_fail(tp, WEFT_EPEER,
                         "rank %d: peer %d finalized while this rank still "
                         "had frames to %s it on wire %d (%s, device %s)",
-                        tp->rank, p,
-                        w->sq_head != NULL ? "send to" : "receive from", w->w,
+                        tp->rank, p, unsent ? "send to" : "receive from", w->w,
                         link_name(w, lname, sizeof lname), w->dev->name);
         }
     }
@@ -1029,28 +1181,33 @@ static void left_check(ib_tp *tp)
 /* One pass that never blocks: completions, wires, the TCP side. */
 static int poll_once(ib_tp *tp)
 {
-    unsigned ev;
+    unsigned ev = tp->events;
 
     cq_poll_all(tp);
     process_dirty(tp);
     if (tp->err != 0)
         return tp->err;
-    ev = tp->events;
     if (tcp_news(tp) != 0) {
-        /* A peer that died closed its connection only after its last
-         * writes were acknowledged, so their completions are on the CQ by
-         * now, even where the poll above just missed them: hand them over
-         * first, so that an operation they finish still succeeds (as over
-         * TCP, where bytes sent before a close arrive before it). The
-         * failure stands for whatever waits next. */
-        int rc = tp->err;
-
-        tp->err = 0;
+        /* A peer's connection closed. What it wrote before it completed
+         * an operation was acknowledged before that completion, so its
+         * completions are on the CQ by now, even where the poll above just
+         * missed them: look once more, and hand over everything before
+         * judging, so that an operation it finishes still succeeds (as
+         * over TCP, where bytes sent before a close arrive before it). The
+         * caller looks at its operation after each pass that moved
+         * anything, and calls again if it still waits; a pass that moved
+         * nothing judges the failure once this rank waits for something
+         * from the lost peer that cannot come (tcp_wait_ms; ib_block
+         * sleeps no longer than it says). */
         cq_poll_all(tp);
         process_dirty(tp);
-        if (tp->err == 0)
-            tp->err = rc;
-        return tp->events != ev ? WEFT_OK : tp->err;
+        if (tp->err != 0)
+            return tp->err;
+        if (tp->events != ev) {
+            tp->tcp_move_ms = weft__now_ms();
+            return WEFT_OK;
+        }
+        return tcp_wait_ms(tp) != 0 ? WEFT_OK : tcp_judge(tp);
     }
     if (tp->nleft > 0)
         left_check(tp);
@@ -1090,6 +1247,8 @@ static int ib_block(ib_tp *tp, uint64_t deadline_ms)
     tt = weft__tcp_timeout(tp->tcp);
     if (tt >= 0 && tt < tmo)
         tmo = tt;
+    if (tp->tcp_err != 0 && (tt = tcp_wait_ms(tp)) < tmo)
+        tmo = tt;
     pfd[n].fd = weft__tcp_fd(tp->tcp);
     pfd[n].events = POLLIN;
     owner[n++] = NULL;
@@ -1121,17 +1280,9 @@ static int ib_block(ib_tp *tp, uint64_t deadline_ms)
     return tp->err;
 }
 
-static int ib_progress_once(ib_tp *tp, uint64_t deadline_ms);
-
 static int ib_progress(weft__tp *t, uint64_t deadline_ms)
 {
     ib_tp *tp = (ib_tp *)t;
-
-    return boot_forward(tp, ib_progress_once(tp, deadline_ms));
-}
-
-static int ib_progress_once(ib_tp *tp, uint64_t deadline_ms)
-{
     unsigned ev = tp->events;
     int rc;
 
@@ -1172,7 +1323,7 @@ static int ib_progress_once(ib_tp *tp, uint64_t deadline_ms)
 static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
 {
     if (tp->err != 0)
-        return boot_forward(tp, tp->err);
+        return tp->err;
     if (tp->shut)
         return WEFT_EABORTED;
     if (p < 0 || p >= tp->nranks || wi < 0 || wi >= tp->peers[p].nwires)
@@ -1190,7 +1341,9 @@ static int ib_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
 
     if (rc != 0)
         return rc;
-    if (tp->peers[p].left || w->dead) {
+    /* A wire that died after a failure of the TCP side takes the frame:
+     * that failure is judged once what landed is handed over. */
+    if (tp->peers[p].left || (w->dead && tp->tcp_err == 0)) {
         ib_fail(tp, WEFT_EPEER,
                 "rank %d: cannot send to peer %d on wire %d: the peer has "
                 "finalized",
@@ -1198,7 +1351,9 @@ static int ib_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
         return tp->err;
     }
     /* Queued: progress() copies it out (completions never run in a
-     * post). */
+     * post). A post counts as movement for tcp_wait_ms. */
+    if (tp->tcp_err != 0)
+        tp->tcp_move_ms = weft__now_ms();
     weft__xq_push(&w->sq_head, &w->sq_tail, x);
     wire_kick(w);
     return WEFT_OK;
@@ -1215,6 +1370,8 @@ static int ib_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
     /* Allowed after the peer left: what it sent before may have landed
      * (left_check fails what cannot be filled). */
     x->got = 0;
+    if (tp->tcp_err != 0)
+        tp->tcp_move_ms = weft__now_ms();
     weft__xq_push(&w->rq_head, &w->rq_tail, x);
     wire_kick(w);
     return WEFT_OK;
@@ -1233,15 +1390,23 @@ static void ib_wake(weft__tp *t)
     weft__tcp_ops.wake(((ib_tp *)t)->tcp);
 }
 
+/* The relay runs on the TCP side: once that has failed, nothing relayed
+ * can arrive any more, so its failure is judged at once. */
 static int ib_relay_send(weft__tp *t, int peer, weft__xfer *x)
 {
     ib_tp *tp = (ib_tp *)t;
+
+    if (tp->err == 0 && tp->tcp_err != 0)
+        tcp_judge(tp);
     return tp->err != 0 ? tp->err : weft__tcp_ops.relay_send(tp->tcp, peer, x);
 }
 
 static int ib_relay_recv(weft__tp *t, int peer, weft__xfer *x)
 {
     ib_tp *tp = (ib_tp *)t;
+
+    if (tp->err == 0 && tp->tcp_err != 0)
+        tcp_judge(tp);
     return tp->err != 0 ? tp->err : weft__tcp_ops.relay_recv(tp->tcp, peer, x);
 }
 
@@ -1267,6 +1432,7 @@ static void ib_shutdown(weft__tp *t)
                               w->w, w->peer, strerror(rc));
             }
             w->sq_head = w->sq_tail = NULL;
+            w->wq_head = w->wq_tail = NULL;
             w->rq_head = w->rq_tail = NULL;
             w->dirty = 0;
             w->dirty_next = NULL;
@@ -1287,14 +1453,12 @@ static int peer_links(const weft__config *cfg, int me, int p, uint32_t *out,
     int hm = cfg->rank_host[me], hp = cfg->rank_host[p], n = 0;
 
     if (hm == hp) {
-        out[0] = LINK_LOOPBACK;
+        out[0] = WEFT__LINK_LOOPBACK;
         return 1;
     }
     for (int l = 0; l < cfg->nlinks; l++) {
         const weft__link *lk = &cfg->links[l];
-        if (((lk->end[0].host == hm && lk->end[1].host == hp) ||
-             (lk->end[0].host == hp && lk->end[1].host == hm)) &&
-            n < max)
+        if (weft__link_joins(lk, hm, hp) && n < max)
             out[n++] = (uint32_t)l;
     }
     return n;
@@ -1506,26 +1670,26 @@ static void pack_link(ib_tp *tp, ib_link *lk)
     ib_peer *pe = &tp->peers[lk->peer];
     uint8_t *b = lk->out;
 
-    put32(b, IB_MAGIC);
-    put32(b + 4, IB_VERSION);
-    put32(b + 8, (uint32_t)tp->rank);
-    put32(b + 12, (uint32_t)lk->peer);
-    put32(b + 16, lk->link);
-    put32(b + 20, (uint32_t)tp->wires);
-    put32(b + 24, (uint32_t)tp->slots);
-    put32(b + 28, (uint32_t)tp->slot_bytes);
+    weft__put_be32(b, IB_MAGIC);
+    weft__put_be32(b + 4, IB_VERSION);
+    weft__put_be32(b + 8, (uint32_t)tp->rank);
+    weft__put_be32(b + 12, (uint32_t)lk->peer);
+    weft__put_be32(b + 16, lk->link);
+    weft__put_be32(b + 20, (uint32_t)tp->wires);
+    weft__put_be32(b + 24, (uint32_t)tp->slots);
+    weft__put_be32(b + 28, (uint32_t)tp->slot_bytes);
     for (int k = 0; k < tp->wires; k++) {
         const ib_wire *w = &pe->w[lk->twire * tp->wires + k];
         uint8_t *e = b + IB_HDR_BYTES + k * IB_QP_BYTES;
 
         memset(e, 0, IB_QP_BYTES);
-        put32(e, w->qp->qp_num);
-        put32(e + 4, w->psn);
-        put32(e + 8, w->dev->pattr.lid);
-        put32(e + 12, (uint32_t)w->dev->pattr.active_mtu);
+        weft__put_be32(e, w->qp->qp_num);
+        weft__put_be32(e + 4, w->psn);
+        weft__put_be32(e + 8, w->dev->pattr.lid);
+        weft__put_be32(e + 12, (uint32_t)w->dev->pattr.active_mtu);
         memcpy(e + 16, w->gid.raw, 16);
-        put64(e + 32, (uint64_t)(uintptr_t)w->rring);
-        put32(e + 40, w->rmr->rkey);
+        weft__put_be64(e + 32, (uint64_t)(uintptr_t)w->rring);
+        weft__put_be32(e + 40, w->rmr->rkey);
     }
 }
 
@@ -1533,28 +1697,29 @@ static int check_header(ib_tp *tp, const ib_link *lk)
 {
     const uint8_t *b = lk->in;
 
-    if (get32(b) != IB_MAGIC || get32(b + 4) != IB_VERSION ||
-        get32(b + 8) != (uint32_t)lk->peer ||
-        get32(b + 12) != (uint32_t)tp->rank)
+    if (weft__get_be32(b) != IB_MAGIC || weft__get_be32(b + 4) != IB_VERSION ||
+        weft__get_be32(b + 8) != (uint32_t)lk->peer ||
+        weft__get_be32(b + 12) != (uint32_t)tp->rank)
         return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                           "rank %d: peer %d sent a garbled ibverbs "
                           "set-up message on TCP wire %d",
                           tp->rank, lk->peer, lk->twire);
-    if (get32(b + 16) != lk->link)
+    if (weft__get_be32(b + 16) != lk->link)
         return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                           "rank %d: peer %d's TCP wire %d runs on link "
                           "%d, this rank's on link %d (internal error)",
-                          tp->rank, lk->peer, lk->twire, (int)get32(b + 16),
-                          (int)lk->link);
-    if (get32(b + 20) != (uint32_t)tp->wires ||
-        get32(b + 24) != (uint32_t)tp->slots ||
-        get32(b + 28) != (uint32_t)tp->slot_bytes)
+                          tp->rank, lk->peer, lk->twire,
+                          (int)weft__get_be32(b + 16), (int)lk->link);
+    if (weft__get_be32(b + 20) != (uint32_t)tp->wires ||
+        weft__get_be32(b + 24) != (uint32_t)tp->slots ||
+        weft__get_be32(b + 28) != (uint32_t)tp->slot_bytes)
         return weft__fail(tp->p->sink, WEFT_ECONFIG,
                           "rank %d: peer %d runs WEFT_WIRES=%u, "
                           "WEFT_IB_SLOTS=%u, WEFT_IB_SLOT_BYTES=%u, this "
                           "rank %d, %d, %zu; give every rank the same",
-                          tp->rank, lk->peer, get32(b + 20), get32(b + 24),
-                          get32(b + 28), tp->wires, tp->slots, tp->slot_bytes);
+                          tp->rank, lk->peer, weft__get_be32(b + 20),
+                          weft__get_be32(b + 24), weft__get_be32(b + 28),
+                          tp->wires, tp->slots, tp->slot_bytes);
     return WEFT_OK;
 }
 
@@ -1566,22 +1731,22 @@ static int wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
     struct ibv_qp_attr a;
     int rc;
 
-    if ((enum ibv_mtu)get32(e + 12) < mtu)
-        mtu = (enum ibv_mtu)get32(e + 12);
-    w->raddr = get64(e + 32);
-    w->rkey = get32(e + 40);
+    if ((enum ibv_mtu)weft__get_be32(e + 12) < mtu)
+        mtu = (enum ibv_mtu)weft__get_be32(e + 12);
+    w->raddr = weft__get_be64(e + 32);
+    w->rkey = weft__get_be32(e + 40);
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = mtu;
-    a.dest_qp_num = get32(e);
-    a.rq_psn = get32(e + 4);
+    a.dest_qp_num = weft__get_be32(e);
+    a.rq_psn = weft__get_be32(e + 4);
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 12;
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, e + 16, 16);
     a.ah_attr.grh.sgid_index = (uint8_t)w->gid_index;
     a.ah_attr.grh.hop_limit = IB_HOP_LIMIT;
-    a.ah_attr.dlid = (uint16_t)get32(e + 8);
+    a.ah_attr.dlid = (uint16_t)weft__get_be32(e + 8);
     a.ah_attr.sl = 0;
     a.ah_attr.port_num = (uint8_t)w->dev->port;
     rc = ibv_modify_qp(w->qp, &a,
@@ -1619,7 +1784,11 @@ static void setup_done(weft__xfer *x)
     ((ib_link *)x->arg)->tp->setup_pending--;
 }
 
-/* The peer's goodbye: it finalized after its writes were acknowledged. */
+/* The peer's goodbye on one link: it finalized after its writes were
+ * acknowledged, and says per wire of the link how many of this rank's slot
+ * writes had landed there. A frame those cover has arrived even where the
+ * write's acknowledgement was lost on the way and its retransmission will
+ * find the peer's queue pair gone (tx_done). */
 static void bye_done(weft__xfer *x)
 {
     ib_link *lk = x->arg;
@@ -1627,11 +1796,33 @@ static void bye_done(weft__xfer *x)
     ib_peer *pe = &tp->peers[lk->peer];
 
     tp->events++;
-    if (lk->bye_in != 'B') {
+    if (lk->in[0] != 'B') {
         ib_fail(tp, WEFT_ETRANSPORT,
                 "rank %d: peer %d sent garbage on its TCP wire %d", tp->rank,
                 lk->peer, lk->twire);
         return;
+    }
+    for (int k = 0; k < tp->wires; k++) {
+        ib_wire *w = &pe->w[lk->twire * tp->wires + k];
+        /* The count modulo 2^32: at most s_posted, and at most a ring
+         * below it (the peer has landed at least what it consumed, which
+         * is what our credits say). It may be below s_done where a device
+         * acknowledges a write before it reports the write's completion to
+         * its owner. */
+        uint32_t behind =
+            (uint32_t)w->s_posted - weft__get_be32(lk->in + 1 + 4 * k);
+
+        if (behind > (uint32_t)tp->slots) {
+            ib_fail(tp, WEFT_ETRANSPORT,
+                    "rank %d: peer %d's goodbye on TCP wire %d counts "
+                    "landed slots on wire %d that do not fit what this rank "
+                    "wrote (protocol error)",
+                    tp->rank, lk->peer, lk->twire, w->w);
+            return;
+        }
+        w->s_landed = w->s_posted - behind;
+        w->bye = 1;
+        wire_kick(w);
     }
     if (!pe->left) {
         pe->left = 1;
@@ -1721,10 +1912,10 @@ static int exchange(ib_tp *tp, uint64_t deadline)
             if (rc != 0)
                 return rc;
         }
-        lk->bye_out = 'R';
-        if ((rc = tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->bye_out, 1,
+        lk->ready_out = 'R';
+        if ((rc = tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->ready_out, 1,
                             setup_done)) != 0 ||
-            (rc = tcp_frame(tp, lk, 1, &lk->bye_rx, &lk->bye_in, 1,
+            (rc = tcp_frame(tp, lk, 1, &lk->bye_rx, &lk->ready_in, 1,
                             setup_done)) != 0)
             return rc;
     }
@@ -1732,16 +1923,17 @@ static int exchange(ib_tp *tp, uint64_t deadline)
         return rc;
     FOR_EACH_LINK(tp, pe, lk)
     {
-        if (lk->bye_in != 'R')
+        if (lk->ready_in != 'R')
             return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                               "rank %d: peer %d sent garbage instead of "
                               "ready on TCP wire %d",
                               tp->rank, lk->peer, lk->twire);
         /* From now on a receive stays posted on every TCP wire: the peer's
          * goodbye completes it, and a peer that dies without one closes the
-         * connection under it (WEFT_EPEER at once). */
-        if ((rc = tcp_frame(tp, lk, 1, &lk->bye_rx, &lk->bye_in, 1,
-                            bye_done)) != 0)
+         * connection under it (WEFT_EPEER at once). The set-up message's
+         * buffer is free now. */
+        if ((rc = tcp_frame(tp, lk, 1, &lk->bye_rx, lk->in,
+                            IB_BYE_BYTES(tp->wires), bye_done)) != 0)
             return rc;
     }
     return WEFT_OK;
@@ -1751,7 +1943,10 @@ static int exchange(ib_tp *tp, uint64_t deadline)
 
 /* Before the goodbye: every write this rank made must be acknowledged, or
  * the peer could miss the end of what it waits for once the queue pairs are
- * gone. Bounded, since a peer that is stopped never acknowledges. */
+ * gone. The frames of completed operations are acknowledged already (a
+ * send frame completes only then); what may be left are credit messages
+ * and the writes of frames that belonged to no operation. Bounded, since a
+ * peer that is stopped never acknowledges. */
 static void drain_writes(ib_tp *tp)
 {
     int tmo =
@@ -1767,7 +1962,10 @@ static void drain_writes(ib_tp *tp)
                 if (w->s_wr > 0 && !w->dead && !tp->peers[p].left)
                     busy = 1;
             }
-        if (!busy || tp->err != 0 || weft__now_ms() >= deadline)
+        /* A peer lost meanwhile (the TCP side failed): nothing is judged
+         * any more, and no goodbye can go. */
+        if (!busy || tp->err != 0 || tp->tcp_err != 0 ||
+            weft__now_ms() >= deadline)
             break;
         if (ib_block(tp, deadline) != 0)
             break;
@@ -1775,15 +1973,23 @@ static void drain_writes(ib_tp *tp)
     }
 }
 
+/* Says goodbye on every TCP connection, with the count of slots landed
+ * per wire of its link (bye_done). Completions still on the CQ are taken
+ * first, so that the counts hold every write that landed. */
 static void say_bye(ib_tp *tp)
 {
     uint64_t deadline = weft__now_ms() + BYE_WAIT_MS;
 
+    cq_poll_all(tp);
     tp->setup_pending = 0;
     FOR_EACH_LINK(tp, pe, lk)
     {
-        lk->bye_out = 'B';
-        if (tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->bye_out, 1, setup_done) != 0)
+        lk->out[0] = 'B';
+        for (int k = 0; k < tp->wires; k++)
+            weft__put_be32(lk->out + 1 + 4 * k,
+                           (uint32_t)pe->w[lk->twire * tp->wires + k].r_landed);
+        if (tcp_frame(tp, lk, 0, &lk->bye_tx, lk->out, IB_BYE_BYTES(tp->wires),
+                      setup_done) != 0)
             return;
     }
     while (tp->setup_pending > 0 && weft__now_ms() < deadline)
@@ -1800,13 +2006,15 @@ static void ib_destroy(weft__tp *t)
     if (tp == NULL)
         return;
     weft__sigpipe_block(&sp);
-    if (tp->ready && !tp->shut && tp->err == 0) {
+    /* A TCP side that failed can carry no goodbye, judged or not. */
+    if (tp->ready && !tp->shut && tp->err == 0 && tp->tcp_err == 0) {
         /* Frames still queued belong to no operation: drop them, with no
          * callback, and send no more credits. */
         for (int p = 0; p < tp->nranks; p++)
             for (int i = 0; i < tp->peers[p].nwires; i++) {
                 ib_wire *w = &tp->peers[p].w[i];
                 w->sq_head = w->sq_tail = NULL;
+                w->wq_head = w->wq_tail = NULL;
                 w->rq_head = w->rq_tail = NULL;
                 w->r_returned = w->r_consumed;
             }
@@ -1876,13 +2084,14 @@ static int ib_create_guarded(ib_tp *tp)
     uint64_t deadline;
     int rc, ndev = 0;
 
-    /* One TCP connection per link; its failures go to tp->boot first. */
+    /* One TCP connection per link, with its own error record (above);
+     * a failure there during set-up is this transport's. */
     tp->boot.rank = tp->rank;
     tp->boot_p = *tp->p;
     tp->boot_p.wires = 1;
     tp->boot_p.sink = &tp->boot;
     if ((rc = weft__tcp_create_wires(&tp->boot_p, &tp->tcp)) != 0)
-        return boot_forward(tp, rc);
+        return weft__fail(tp->p->sink, rc, "%s", tp->boot.msg);
     /* weft_init's one deadline covers the TCP wires and this set-up
      * alike. */
     deadline = tp->p->deadline_ms;
@@ -1944,7 +2153,7 @@ static int ib_create(const weft__tp_params *p, weft__tp **out)
     tp->rq_depth = 2 * tp->slots + 4;
     tp->spin_ns = (uint64_t)p->cfg->spin_us * 1000u;
     weft__sigpipe_block(&sp);
-    rc = boot_forward(tp, ib_create_guarded(tp));
+    rc = ib_create_guarded(tp);
     weft__sigpipe_restore(&sp);
     if (rc != 0) {
         if (tp->err == 0)

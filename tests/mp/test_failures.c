@@ -245,6 +245,16 @@ static int peer_loss_rank(int rank, int nranks, void *arg)
         weft_finalize(c);
         return 1;
     }
+    /* Nothing has failed so far, whatever a survivor has already seen of
+     * rank 2's end (it may go while the others finish the third
+     * all_reduce): no failure may be on record yet. */
+    const char *msg = weft_last_error(c);
+    if (msg == NULL || *msg != '\0') {
+        mp_log("weft_last_error after three all_reduces that succeeded: %s",
+               msg ? msg : "(null)");
+        weft_finalize(c);
+        return 1;
+    }
     if (rank == nranks - 1) {
         if (mode == LOSS_EXIT) {
             mp_log("exiting without weft_finalize");
