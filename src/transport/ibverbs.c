@@ -837,25 +837,15 @@ static const char *wr_kind_name(int kind)
     }
 }
 
-/* The peer that a failure of the TCP side names as gone, or -1. The TCP
- * transport says it only in its message, as "rank R: peer P closed wire W
- * ..." or "rank R: receive from peer P on wire W ... failed: ...";
- * anything else (a relay connection, another wording) gives -1, and
+/* The peer whose leaving failed the TCP side (weft__tcp_lost_peer), or -1;
+ * -1 also where the failure was anything else (a relay connection), and
  * tcp_wait_ms then judges without knowing the peer. Only peers with wires
  * count: what a relayed peer sent went through the TCP side, which has
  * failed. */
-static int tcp_lost_peer(const ib_tp *tp, const char *msg)
+static int tcp_lost_peer(const ib_tp *tp)
 {
-    int r, p = -1, n = 0;
+    int p = weft__tcp_lost_peer(tp->tcp);
 
-    if (sscanf(msg, "rank %d: peer %d closed wire %n", &r, &p, &n) != 2 ||
-        n == 0) {
-        n = 0;
-        if (sscanf(msg, "rank %d: receive from peer %d on wire %n", &r, &p,
-                   &n) != 2 ||
-            n == 0)
-            return -1;
-    }
     if (p < 0 || p >= tp->nranks || p == tp->rank)
         return -1;
     /* With a relayed peer in the job, relays may be in flight through the
@@ -886,7 +876,7 @@ static int tcp_news(ib_tp *tp)
         tp->tcp_err_ms = tp->tcp_move_ms = weft__now_ms();
         snprintf(tp->tcp_msg, sizeof tp->tcp_msg, "%s",
                  tp->boot.code != 0 ? tp->boot.msg : weft_strerror(rc));
-        tp->tcp_lost = tcp_lost_peer(tp, tp->tcp_msg);
+        tp->tcp_lost = tcp_lost_peer(tp);
         weft__log(WEFT__LOG_DEBUG, tp->rank,
                   "the TCP side failed (peer %d): %s; judged once what "
                   "landed is handed over",

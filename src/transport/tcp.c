@@ -183,6 +183,7 @@ struct tcp_tp {
     int rank;
     int nranks;
     int probe;  /* a send went to a wire with no receive posted */
+    int lost_peer; /* the peer whose close or reset failed us, or -1 */
     peer *peers;
     conn *pending;
     int nopen;    /* connections not yet closed */
@@ -373,6 +374,8 @@ static void rx_fail(conn *k)
 {
     tcp_tp *tp = k->tp;
 
+    if (tp->err == 0)
+        tp->lost_peer = k->peer;
     if (k->rx_end == UV_EOF)
         tcp_fail(tp, WEFT_EPEER,
                  "rank %d: peer %d closed wire %d (%s) while this rank was "
@@ -390,6 +393,8 @@ static void tx_closed(conn *k)
 {
     tcp_tp *tp = k->tp;
 
+    if (tp->err == 0)
+        tp->lost_peer = k->peer;
     tcp_fail(tp, WEFT_EPEER,
              "rank %d: peer %d %s wire %d (%s) before this rank sent to it",
              tp->rank, k->peer, k->rx_end == UV_EOF ? "closed" : "reset",
@@ -1715,6 +1720,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
         return WEFT_ENOMEM;
     tp->cfg = cfg;
     tp->sink = sink;
+    tp->lost_peer = -1;
     tp->rank = par->rank;
     tp->nranks = par->nranks;
     if ((rc = plan_slots(tp, par->wires)) != 0)
@@ -1881,6 +1887,12 @@ int weft__tcp_poll(weft__tp *t)
     if (tp->err != 0)
         return tp->err;
     return tp->events != ev ? 1 : 0;
+}
+
+int weft__tcp_lost_peer(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    return tp->err != 0 ? tp->lost_peer : -1;
 }
 
 int weft__tcp_fd(weft__tp *t)

@@ -122,6 +122,9 @@ extern const weft__tp_ops weft__tcp_ops;
  *   uv_backend_fd and uv_backend_timeout. wake() makes the fd readable. */
 int weft__tcp_create_wires(const weft__tp_params *p, weft__tp **out);
 int weft__tcp_poll(weft__tp *tp);
+/* After the TCP side failed: the peer whose closed or reset wire failed
+ * it, or -1 where the failure was not a peer's leaving (or none). */
+int weft__tcp_lost_peer(weft__tp *tp);
 int weft__tcp_fd(weft__tp *tp);
 int weft__tcp_timeout(weft__tp *tp);
 
