@@ -27,8 +27,7 @@ int weft__doubling_all_reduce(weft__ctx *c, const weft__args *a)
         weft__op op;
         weft__step *st;
 
-        weft__op_init(&op, WEFT__OP_ALL_REDUCE, c->call.name, a->dtype,
-                      a->op);
+        weft__op_init(&op, a->dtype, a->op);
         op.nlanes = 1;
         st = weft__op_steps(&op, 0, 1);
         op.lanes[0].send_peer = partner;

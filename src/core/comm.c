@@ -353,7 +353,7 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
     if (count == 0)
         return WEFT_OK;
     call_begin(c, WEFT__OP_P2P, name, dtype, -1, -1, count);
-    return weft__sendrecv(&c->x, name, buf, is_send ? peer : -1, buf,
+    return weft__sendrecv(&c->x, buf, is_send ? peer : -1, buf,
                           is_send ? -1 : peer, count, dtype);
 }
 
@@ -387,7 +387,7 @@ int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
     if (count == 0)
         return WEFT_OK;
     call_begin(c, WEFT__OP_P2P, "sendrecv", dtype, -1, -1, count);
-    return weft__sendrecv(&c->x, "sendrecv", sendbuf, dst, recvbuf, src, count,
+    return weft__sendrecv(&c->x, sendbuf, dst, recvbuf, src, count,
                           dtype);
 }
 

@@ -1,7 +1,7 @@
 /*
  * The pipeline engine; see engine.h.
  *
- * State is kept per lane and per wire: a send cursor (step, offset in the
+ * State is kept per lane and per wire: a send cursor (step, frame of the
  * wire's region) and a receive cursor, each with a FIFO of frames in flight.
  * Frames on one wire complete in order, so the receive side's "done" point
  * is a single (step, end offset) pair per wire, and a send frame that
@@ -35,7 +35,7 @@
 struct wstate;
 
 typedef struct frame {
-    weft__xfer x; /* first: the transport hands this back */
+    weft__xfer x; /* what the transport hands back (container_of) */
     struct wstate *ws;
     int step;
     int hdr; /* a channel header, not data */
@@ -608,11 +608,12 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
  * deadline is checked here too, not only by the transport: a transport
  * whose progress() keeps returning early (events that move nothing this
  * operation waits for) must not keep a caller past it. */
-static void wait_once(weft__ctx *c, const char *name,
-                      uint64_t deadline,
+static void wait_once(weft__ctx *c,
                       void (*describe)(const void *, char *, size_t),
                       const void *arg, int *err)
 {
+    const char *name = c->call.name;
+    uint64_t deadline = c->call.deadline_ms;
     char what[160];
     int rc;
 
@@ -805,7 +806,7 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
             return weft__note(c, WEFT_ENOTSUP,
                               "rank %d: %s needs a direct link to peer %d, "
                               "and this job has none",
-                              c->rank, op->name,
+                              c->rank, c->call.name,
                               r.sw[l] == 0 ? ln->send_peer : ln->recv_peer);
     }
     r.pass = c->call.passes++;
@@ -817,7 +818,7 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
         r.ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
         if (r.ws[l] == NULL) {
             rc = engine_fail(&r, WEFT_ENOMEM, "rank %d: %s: out of memory",
-                             c->rank, op->name);
+                             c->rank, c->call.name);
             goto out;
         }
         for (int w = 0; w < n; w++) {
@@ -853,8 +854,7 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
             all_done = lane_done(&r, l);
         if (r.err != 0 || all_done)
             break;
-        wait_once(c, op->name, c->call.deadline_ms, describe_wait, &r,
-                  &r.err);
+        wait_once(c, describe_wait, &r, &r.err);
     }
     rc = r.err;
 #ifndef NDEBUG
@@ -881,12 +881,9 @@ static void op_free_steps(weft__op *op)
         free(op->lanes[l].steps);
 }
 
-void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
-                   weft_redop redop)
+void weft__op_init(weft__op *op, weft_dtype dt, weft_redop redop)
 {
     memset(op, 0, sizeof *op);
-    op->kind = kind;
-    op->name = name;
     op->dtype = dt;
     op->redop = redop;
     op->esize = weft_dtype_size(dt);
@@ -910,7 +907,7 @@ int weft__op_run(weft__ctx *c, weft__op *op)
     for (int l = 0; l < op->nlanes; l++)
         if (op->lanes[l].steps == NULL)
             rc = weft__note(c, WEFT_ENOMEM, "rank %d: %s: out of memory",
-                            c->rank, op->name);
+                            c->rank, c->call.name);
     if (rc == WEFT_OK)
         rc = weft__engine_run(c, op);
     op_free_steps(op);
@@ -974,9 +971,9 @@ static int relay_post(weft__ctx *c, int is_send, int peer,
                    : c->tpo->relay_recv(c->tp, peer, &rx->x);
 }
 
-int weft__engine_relay(weft__ctx *c, const char *name,
-                       const void *sendbuf, int dst, void *recvbuf, int src,
-                       size_t nbytes, weft__op *direct)
+int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
+                       void *recvbuf, int src, size_t nbytes,
+                       weft__op *direct)
 {
     relay_pass p;
     int rc = WEFT_OK;
@@ -991,7 +988,8 @@ int weft__engine_relay(weft__ctx *c, const char *name,
         rc = weft__note(c, WEFT_ENOTSUP,
                         "rank %d: %s: no wires to rank %d, and the %s "
                         "transport cannot relay",
-                        c->rank, name, dst >= 0 ? dst : src, c->tpo->name);
+                        c->rank, c->call.name, dst >= 0 ? dst : src,
+                        c->tpo->name);
         goto free_op;
     }
     if (dst >= 0) {
@@ -1014,9 +1012,12 @@ int weft__engine_relay(weft__ctx *c, const char *name,
         rc = weft__engine_run(c, direct);
     while (rc == 0 && p.err == 0 &&
            !(p.sh.done && p.sx.done && p.rh.done && p.rx.done))
-        wait_once(c, name, c->call.deadline_ms, describe_relay, &p, &rc);
+        wait_once(c, describe_relay, &p, &rc);
     if (rc == 0)
         rc = p.err;
+    /* Also where the direct half failed before anything of its own moved
+     * (then the engine left the transport up): the relayed halves are
+     * posted and must not outlive the call. */
     if (rc != 0)
         op_failed(c, rc);
 free_op:

@@ -113,10 +113,10 @@ _Static_assert(WEFT__MAX_LANES >= WEFT__MESH_MAX_RANKS - 1,
  * ranks whose calls differ still meet and see it. */
 enum { WEFT__CHECK_LANES = 0, WEFT__CHECK_RING, WEFT__CHECK_ALL };
 
+/* One engine pass. What it is part of (kind, name, count, root, number)
+ * is the call in progress (weft__ctx's call), which every header carries. */
 typedef struct {
-    int kind;
-    int check;        /* WEFT__CHECK_* */
-    const char *name; /* for messages: "all_reduce", ... */
+    int check; /* WEFT__CHECK_* */
     weft_dtype dtype;
     weft_redop redop;
     size_t esize;
@@ -134,8 +134,7 @@ int weft__engine_run(weft__ctx *c, const weft__op *op);
 /* Builds an operation: op_init clears it, op_steps gives lane `lane`
  * nsteps zeroed steps (send_dep -1), and op_run runs it and frees the
  * steps (also when an allocation failed: then WEFT_ENOMEM). */
-void weft__op_init(weft__op *op, int kind, const char *name, weft_dtype dt,
-                   weft_redop redop);
+void weft__op_init(weft__op *op, weft_dtype dt, weft_redop redop);
 weft__step *weft__op_steps(weft__op *op, int lane, int nsteps);
 int weft__op_run(weft__ctx *c, weft__op *op);
 
@@ -144,17 +143,16 @@ int weft__op_run(weft__ctx *c, weft__op *op);
  * half is not relayed) through the transport's relay, while direct (NULL
  * or an operation for the halves that have wires) runs; frees direct's
  * steps. Same deadline and failure semantics as weft__engine_run. */
-int weft__engine_relay(weft__ctx *c, const char *name,
-                       const void *sendbuf, int dst, void *recvbuf, int src,
-                       size_t nbytes, weft__op *direct);
+int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
+                       void *recvbuf, int src, size_t nbytes,
+                       weft__op *direct);
 
 /* Point to point (p2p.c): sends count elements of sendbuf to dst and at
  * the same time receives count elements from src into recvbuf; dst or src
  * -1 leaves that half out (a plain send or recv). Direct wires where the
- * peer has them, the relay where not. name labels it in messages. */
-int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
-                   int dst, void *recvbuf, int src, size_t count,
-                   weft_dtype dt);
+ * peer has them, the relay where not. */
+int weft__sendrecv(weft__ctx *c, const void *sendbuf, int dst, void *recvbuf,
+                   int src, size_t count, weft_dtype dt);
 
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);

@@ -8,7 +8,7 @@
 
 #include "transport/transport.h"
 
-int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
+int weft__sendrecv(weft__ctx *c, const void *sendbuf,
                    int dst, void *recvbuf, int src, size_t count, weft_dtype dt)
 {
     /* A peer with no wires to this rank is reached through the relay; the
@@ -18,7 +18,7 @@ int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
     int ddst = relay_dst ? -1 : dst, dsrc = relay_src ? -1 : src;
     weft__op op;
 
-    weft__op_init(&op, WEFT__OP_P2P, name, dt, WEFT_SUM);
+    weft__op_init(&op, dt, WEFT_SUM);
     if (ddst >= 0 || dsrc >= 0) {
         weft__step *st = weft__op_steps(&op, 0, 1);
 
@@ -40,7 +40,7 @@ int weft__sendrecv(weft__ctx *c, const char *name, const void *sendbuf,
     if ((!relay_dst && !relay_src) ||
         (op.nlanes > 0 && op.lanes[0].steps == NULL))
         return weft__op_run(c, &op);
-    return weft__engine_relay(c, name, sendbuf, relay_dst ? dst : -1, recvbuf,
+    return weft__engine_relay(c, sendbuf, relay_dst ? dst : -1, recvbuf,
                               relay_src ? src : -1, count * op.esize,
                               op.nlanes > 0 ? &op : NULL);
 }

@@ -6,7 +6,7 @@ int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
 {
     weft__op op;
 
-    weft__op_init(&op, c->call.kind, c->call.name, a->dtype, a->op);
+    weft__op_init(&op, a->dtype, a->op);
     /* Every peer, whether or not this rank exchanges data with it: the
      * root of a broadcast, say, depends on the call. */
     op.check = WEFT__CHECK_ALL;

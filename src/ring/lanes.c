@@ -20,7 +20,7 @@ int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes,
     weft__op op;
     size_t off = 0;
 
-    weft__op_init(&op, c->call.kind, c->call.name, a->dtype, a->op);
+    weft__op_init(&op, a->dtype, a->op);
     op.check = WEFT__CHECK_RING;
     op.nlanes = n >= 3 && nbytes >= c->cfg->bidir_min_bytes ? 2 : 1;
     for (int d = 0; d < op.nlanes; d++) {

@@ -252,7 +252,7 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
         memset(&m->s[w], 0, sizeof m->s[w]);
         memset(&m->r[w], 0, sizeof m->r[w]);
     }
-    weft__op_init(&op, WEFT__OP_P2P, "test", WEFT_INT32, WEFT_SUM);
+    weft__op_init(&op, WEFT_INT32, WEFT_SUM);
     op.nlanes = 1;
     st = weft__op_steps(&op, 0, 1);
     cr_assert_not_null(st);
