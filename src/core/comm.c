@@ -170,19 +170,8 @@ int weft_abort(weft_comm *c)
 
 /* ---- argument checks ---- */
 
-static int inval(weft_comm *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
 /* A bad argument: reported, nothing sent, the communicator stays usable. */
-static int inval(weft_comm *c, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(c->x.errmsg, sizeof c->x.errmsg, fmt, ap);
-    va_end(ap);
-    return WEFT_EINVAL;
-}
+#define inval(c, ...) weft__note(&(c)->x, WEFT_EINVAL, __VA_ARGS__)
 
 /* Checks shared by every operation. mult is how many count-sized blocks
  * the largest buffer holds. */
