@@ -131,7 +131,6 @@ typedef struct {
     char addr[64];  /* where to connect (outgoing only) */
     int port;
     uint64_t next_try_ms;
-    int connecting;
     int relay; /* the relay connection, not a data wire */
     conn *trying; /* outgoing: the connection in set-up, if any */
     conn *c;
@@ -724,10 +723,6 @@ static int tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
 
     if (rc != 0)
         return rc;
-    if (k->rxb == NULL && (k->rxb = malloc(RX_CAP)) == NULL)
-        return weft__fail(tp->sink, WEFT_ENOMEM,
-                          "rank %d: no memory for a receive buffer",
-                          tp->rank);
     x->got = 0;
     weft__xq_push(&k->rq_head, &k->rq_tail, x);
     /* Read-ahead (or the stream's end) is handed out by progress(), since
@@ -771,28 +766,19 @@ static void retry_later(conn *k, const char *why)
     weft__log(WEFT__LOG_DEBUG, tp->rank,
               "wire %d to peer %d (%s): %s; trying again", k->wire, k->peer,
               k->name, why);
-    if (s->trying == k)
-        s->trying = NULL;
-    if (s->c == k)
-        s->c = NULL;
-    s->connecting = 0;
+    s->trying = NULL; /* k: only a connection in set-up is tried again */
     s->next_try_ms = weft__now_ms() + RETRY_MS;
     conn_close(k);
     housekeep_start(tp);
 }
 
-/* A wire that was up (or claimed) lost its connection before set-up was
- * over: the slot is free again, for the peer's next attempt (accepted) or
- * ours (outgoing). */
+/* An accepted connection lost before it was up (the peer gave the attempt
+ * up): the slot it claimed is free again, for the peer's next attempt. */
 static void slot_lost(conn *k, const char *why)
 {
     tcp_tp *tp = k->tp;
     slot *s = &tp->peers[k->peer].s[k->wire];
 
-    if (s->outgoing) {
-        retry_later(k, why);
-        return;
-    }
     weft__log(WEFT__LOG_DEBUG, tp->rank,
               "wire %d from peer %d (%s) went away during set-up: %s",
               k->wire, k->peer, k->name, why);
@@ -863,8 +849,10 @@ static void reply_write_cb(uv_write_t *req, int status)
 static void hello_done(conn *k)
 {
     tcp_tp *tp = k->tp;
-    uint32_t from = weft__get_be32(k->hbuf + 8), to = weft__get_be32(k->hbuf + 12);
-    uint32_t link = weft__get_be32(k->hbuf + 16), lwire = weft__get_be32(k->hbuf + 20);
+    uint32_t from = weft__get_be32(k->hbuf + 8);
+    uint32_t to = weft__get_be32(k->hbuf + 12);
+    uint32_t link = weft__get_be32(k->hbuf + 16);
+    uint32_t lwire = weft__get_be32(k->hbuf + 20);
     uv_buf_t b;
     slot *s = NULL;
 
@@ -978,7 +966,6 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         k->state = CONN_UP;
         tp->peers[k->peer].s[k->wire].c = k;
         tp->peers[k->peer].s[k->wire].trying = NULL;
-        tp->peers[k->peer].s[k->wire].connecting = 0;
         conn_up(k);
     }
 }
@@ -1072,7 +1059,6 @@ static void start_connect(tcp_tp *tp, int p, int w)
     k->state = CONN_CONNECTING;
     snprintf(k->name, sizeof k->name, "%s:%d", s->addr, s->port);
     k->creq.data = k;
-    s->connecting = 1;
     s->trying = k;
     if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
         0)
@@ -1114,7 +1100,7 @@ static void housekeep_cb(uv_timer_t *t)
             if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
                 now >= s->trying->deadline_ms)
                 retry_later(s->trying, "no answer to its hello");
-            if (!s->connecting && now >= s->next_try_ms && tp->err == 0)
+            if (s->trying == NULL && now >= s->next_try_ms && tp->err == 0)
                 start_connect(tp, p, w);
         }
     }
@@ -1197,8 +1183,7 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
     weft__put_be32(w->hdr + 4, src);
     weft__put_be32(w->hdr + 8, dst);
     weft__put_be32(w->hdr + 12, len);
-    weft__put_be32(w->hdr + 16, (uint32_t)(total >> 32));
-    weft__put_be32(w->hdr + 20, (uint32_t)total);
+    weft__put_be64(w->hdr + 16, total);
     w->owned = owned;
     w->x = x;
     b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
@@ -1348,7 +1333,8 @@ static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (k->rhgot < RELAY_HDR)
             return;
         len = weft__get_be32(k->rhdr + 12);
-        if (weft__get_be32(k->rhdr) != RELAY_MAGIC || len == 0 || len > RELAY_CHUNK) {
+        if (weft__get_be32(k->rhdr) != RELAY_MAGIC || len == 0 ||
+            len > RELAY_CHUNK) {
             uv_read_stop(st);
             k->rx_end = UV_EPROTO;
             tcp_fail(tp, WEFT_ETRANSPORT,
@@ -1375,7 +1361,7 @@ static void relay_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         c->src = weft__get_be32(k->rhdr + 4);
         c->dst = weft__get_be32(k->rhdr + 8);
         c->len = (uint32_t)k->rdlen;
-        c->total = (uint64_t)weft__get_be32(k->rhdr + 16) << 32 | weft__get_be32(k->rhdr + 20);
+        c->total = weft__get_be64(k->rhdr + 16);
         c->data = k->rdata;
         k->rdata = NULL;
         k->rhgot = 0;
@@ -1610,6 +1596,17 @@ static void walk_close_all(uv_handle_t *h, void *arg)
         uv_close(h, NULL);
 }
 
+/* Frees a list of relayed chunks and their bytes. */
+static void rchunks_free(rchunk **head)
+{
+    while (*head != NULL) {
+        rchunk *c = *head;
+        *head = c->next;
+        free(c->data);
+        free(c);
+    }
+}
+
 static void tcp_shutdown(weft__tp *t)
 {
     tcp_tp *tp = (tcp_tp *)t;
@@ -1641,18 +1638,8 @@ static void tcp_shutdown(weft__tp *t)
     tp->dirty = NULL;
     tp->rx_dirty = NULL;
     tp->rrecv = NULL;
-    while (tp->rpending != NULL) {
-        rchunk *c = tp->rpending;
-        tp->rpending = c->next;
-        free(c->data);
-        free(c);
-    }
-    while (tp->fwd_head != NULL) {
-        rchunk *c = tp->fwd_head;
-        tp->fwd_head = c->next;
-        free(c->data);
-        free(c);
-    }
+    rchunks_free(&tp->rpending);
+    rchunks_free(&tp->fwd_head);
     tp->fwd_tail = NULL;
     /* Connections still connecting are not in any list: close them too. */
     uv_walk(&tp->loop, walk_close_conns, tp);
