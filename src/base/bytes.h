@@ -16,8 +16,8 @@ static inline void weft__put_be32(uint8_t *p, uint32_t v)
 
 static inline uint32_t weft__get_be32(const uint8_t *p)
 {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-           (uint32_t)p[2] << 8 | (uint32_t)p[3];
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+           (uint32_t)p[3];
 }
 
 static inline void weft__put_be64(uint8_t *p, uint64_t v)

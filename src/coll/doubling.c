@@ -43,8 +43,8 @@ int weft__doubling_all_reduce(weft__ctx *c, const weft__args *a)
         if (c->rank < partner)
             weft__reduce(a->recvbuf, peer_part, a->count, a->dtype, a->op);
         else
-            weft__reduce3(a->recvbuf, peer_part, a->recvbuf, a->count,
-                          a->dtype, a->op);
+            weft__reduce3(a->recvbuf, peer_part, a->recvbuf, a->count, a->dtype,
+                          a->op);
     }
     return WEFT_OK;
 }

@@ -3,8 +3,7 @@
 
 #include "base/kernels.h"
 
-int weft__gather_reduce(weft__ctx *c, const weft__args *a,
-                        weft__algo_fn gather)
+int weft__gather_reduce(weft__ctx *c, const weft__args *a, weft__algo_fn gather)
 {
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
     weft__args g = *a;

@@ -12,9 +12,9 @@
 struct weft__tp_params;
 
 struct weft_comm {
-    weft__config cfg; /* from the environment and the hostfile */
-    weft__ctx x;      /* what the engine and the algorithms see */
-    uint64_t coll_seq; /* collectives started on this communicator */
+    weft__config cfg;            /* from the environment and the hostfile */
+    weft__ctx x;                 /* what the engine and the algorithms see */
+    uint64_t coll_seq;           /* collectives started on this communicator */
     struct weft__tp_params *tpp; /* what the transport was created with */
 };
 

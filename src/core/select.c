@@ -68,11 +68,9 @@ static const struct algo_row {
      weft__doubling_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_SMALL, mesh_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING, UPTO_SMALL, ring_gather_reduce},
-    {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE,
-     weft__ring_all_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_reduce},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
-    {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE,
-     weft__ring_all_gather},
+    {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_gather},
     {WEFT__OP_REDUCE_SCATTER, ON_MESH, ANY_SIZE, weft__mesh_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT, ANY_SIZE,
      weft__ring_reduce_scatter},
@@ -102,8 +100,7 @@ static int topology_class(const weft__ctx *c)
 
 static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
 {
-    size_t gathered =
-        a->count * weft_dtype_size(a->dtype) * (size_t)c->nranks;
+    size_t gathered = a->count * weft_dtype_size(a->dtype) * (size_t)c->nranks;
 
     switch (sizes) {
     case UPTO_SMALL:

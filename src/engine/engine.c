@@ -38,7 +38,7 @@ typedef struct frame {
     weft__xfer x; /* what the transport hands back (container_of) */
     struct wstate *ws;
     int step;
-    int hdr; /* a channel header, not data */
+    int hdr;  /* a channel header, not data */
     size_t a; /* offset in the step's buffer */
     size_t len;
     int slot; /* staging slot of a reduced frame, -1 if none */
@@ -61,7 +61,7 @@ typedef struct wstate {
     int r_hdr;
     int r_head, r_count;
     int r_slot;
-    int d_step; /* last step with a completed frame, -1 if none */
+    int d_step;   /* last step with a completed frame, -1 if none */
     size_t d_end; /* end offset in that step's buffer of the done frames */
     frame r_fr[FIFO_CAP];
     uint8_t r_hdrbuf[HDR_BYTES];
@@ -82,8 +82,8 @@ struct weft__engine {
 typedef struct check {
     struct run *run;
     int peer;
-    int send, recv;       /* this pass sends (receives) a check header */
-    int sent, got;        /* ... and it completed */
+    int send, recv; /* this pass sends (receives) a check header */
+    int sent, got;  /* ... and it completed */
     weft__xfer sx, rx;
     uint8_t sbuf[HDR_BYTES], rbuf[HDR_BYTES];
 } check;
@@ -93,7 +93,7 @@ typedef struct run {
     const weft__op *op;
     size_t frame;
     int err;
-    int pass; /* this pass's number in the call */
+    int pass;                /* this pass's number in the call */
     int sw[WEFT__MAX_LANES]; /* wires to the lane's send peer */
     int rw[WEFT__MAX_LANES]; /* wires to the lane's receive peer */
     uint64_t sseq[WEFT__MAX_LANES];
@@ -122,14 +122,13 @@ static weft__region step_region(const run *r, size_t len, int nw, int w)
     return weft__plan_region(len, used, r->op->esize, w);
 }
 
-static int fail_into(weft__ctx *c, int *result, int err,
-                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail_into(weft__ctx *c, int *result, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* Records a failure on the communicator's one error record and makes it
  * the result of the pass (*result) unless it has one: whatever that
  * record holds, the first cause. */
-static int fail_into(weft__ctx *c, int *result, int err,
-                     const char *fmt, ...)
+static int fail_into(weft__ctx *c, int *result, int err, const char *fmt, ...)
 {
     va_list ap;
 
@@ -146,8 +145,7 @@ static int fail_into(weft__ctx *c, int *result, int err,
 static char *stage_slot(run *r, int lane, int w, int slot)
 {
     struct weft__engine *e = r->c->eng;
-    size_t i = ((size_t)lane * (size_t)e->maxw + (size_t)w) *
-                   WEFT__RECV_DEPTH +
+    size_t i = ((size_t)lane * (size_t)e->maxw + (size_t)w) * WEFT__RECV_DEPTH +
                (size_t)slot;
 
     if (e->stage[i] == NULL)
@@ -215,8 +213,8 @@ typedef struct ophdr {
     uint64_t seq, count, total;
 } ophdr;
 
-static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag,
-                    uint64_t seq, uint64_t total)
+static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag, uint64_t seq,
+                      uint64_t total)
 {
     const weft__call *k = &c->call;
     ophdr h = {
@@ -265,11 +263,11 @@ static void hdr_decode(const uint8_t *b, ophdr *h)
 /* "broadcast(count 1024, float32, root 1) #7", for messages. */
 static void hdr_describe(const ophdr *h, char *out, size_t len)
 {
-    static const char *kinds[] = {"?",         "all_reduce", "all_gather",
-                                  "reduce_scatter", "broadcast",
-                                  "send/recv", "barrier"};
-    static const char *dtypes[] = {"int8",  "uint8",   "int32",   "uint32",
-                                   "int64", "uint64",  "float16", "bfloat16",
+    static const char *kinds[] = {
+        "?",         "all_reduce", "all_gather", "reduce_scatter",
+        "broadcast", "send/recv",  "barrier"};
+    static const char *dtypes[] = {"int8",    "uint8",  "int32",   "uint32",
+                                   "int64",   "uint64", "float16", "bfloat16",
                                    "float32", "float64"};
     static const char *ops[] = {"sum", "prod", "min", "max"};
     char extra[48] = "";
@@ -281,8 +279,7 @@ static void hdr_describe(const ophdr *h, char *out, size_t len)
     if (h->root >= 0)
         snprintf(extra + n, sizeof extra - n, ", root %d", (int)h->root);
     snprintf(out, len, "%s(count %llu, %s%s) #%llu",
-             h->kind < 7 ? kinds[h->kind] : "?",
-             (unsigned long long)h->count,
+             h->kind < 7 ? kinds[h->kind] : "?", (unsigned long long)h->count,
              h->dtype < 10 ? dtypes[h->dtype] : "?", extra,
              (unsigned long long)h->seq);
 }
@@ -304,28 +301,28 @@ static int hdr_check(weft__ctx *c, int *result, const uint8_t *got,
     hdr_describe(want, mine, sizeof mine);
     if (g.magic != HDR_MAGIC)
         return fail_into(c, result, WEFT_EMISMATCH,
-                           "rank %d: %s: peer %d sent bytes that are no "
-                           "operation header on wire %d, where this rank "
-                           "expected the start of %s (data an earlier "
-                           "call with mismatched arguments left on the "
-                           "wire?)",
-                           c->rank, c->call.name, peer, w, mine);
+                         "rank %d: %s: peer %d sent bytes that are no "
+                         "operation header on wire %d, where this rank "
+                         "expected the start of %s (data an earlier "
+                         "call with mismatched arguments left on the "
+                         "wire?)",
+                         c->rank, c->call.name, peer, w, mine);
     hdr_describe(&g, theirs, sizeof theirs);
     if (strcmp(mine, theirs) != 0)
         return fail_into(c, result, WEFT_EMISMATCH,
-                           "rank %d: peer %d called %s while this rank "
-                           "called %s: ranks must call the same collectives "
-                           "with the same count, dtype, op and root, in the "
-                           "same order",
-                           c->rank, peer, theirs, mine);
+                         "rank %d: peer %d called %s while this rank "
+                         "called %s: ranks must call the same collectives "
+                         "with the same count, dtype, op and root, in the "
+                         "same order",
+                         c->rank, peer, theirs, mine);
     return fail_into(c, result, WEFT_EMISMATCH,
-                       "rank %d: %s: peer %d on wire %d is at pass %u, tag "
-                       "%u with %llu bytes where this rank is at pass %u, "
-                       "tag %u with %llu bytes (the ranks chose different "
-                       "algorithms: mismatched thresholds or topology?)",
-                       c->rank, mine, peer, w, g.pass, g.tag,
-                       (unsigned long long)g.total, want->pass, want->tag,
-                       (unsigned long long)want->total);
+                     "rank %d: %s: peer %d on wire %d is at pass %u, tag "
+                     "%u with %llu bytes where this rank is at pass %u, "
+                     "tag %u with %llu bytes (the ranks chose different "
+                     "algorithms: mismatched thresholds or topology?)",
+                     c->rank, mine, peer, w, g.pass, g.tag,
+                     (unsigned long long)g.total, want->pass, want->tag,
+                     (unsigned long long)want->total);
 }
 
 /* The header of lane `lane`'s sends (is_send) or receives. */
@@ -478,7 +475,8 @@ static void pump_send(run *r, int lane, wstate *ws)
         flen = weft__plan_frame_len(reg.len, r->frame, ws->s_frame);
         a = reg.off + ws->s_frame * r->frame;
         assert(flen > 0 && a + flen <= reg.off + reg.len);
-        if (st->send_dep >= 0 && !recv_ready(r, lane, st->send_dep, a, a + flen))
+        if (st->send_dep >= 0 &&
+            !recv_ready(r, lane, st->send_dep, a, a + flen))
             break;
         if (post(r, ws, 1, ws->s_step, 0, (char *)st->send_buf + a, a, flen,
                  -1) != 0)
@@ -578,8 +576,8 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
         for (int w = 0; w < r->rw[l]; w++) {
             const wstate *ws = &r->ws[l][w];
             if (ws->r_count > 0 || ws->r_step < ln->nsteps) {
-                int step = ws->r_count > 0 ? ws->r_fr[ws->r_head].step
-                                           : ws->r_step;
+                int step =
+                    ws->r_count > 0 ? ws->r_fr[ws->r_head].step : ws->r_step;
                 snprintf(out, outlen,
                          "data from peer %d on wire %d (step %d of %d)",
                          ln->recv_peer, w, step + 1, ln->nsteps);
@@ -589,8 +587,8 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
         for (int w = 0; w < r->sw[l]; w++) {
             const wstate *ws = &r->ws[l][w];
             if (ws->s_count > 0 || ws->s_step < ln->nsteps) {
-                int step = ws->s_count > 0 ? ws->s_fr[ws->s_head].step
-                                           : ws->s_step;
+                int step =
+                    ws->s_count > 0 ? ws->s_fr[ws->s_head].step : ws->s_step;
                 snprintf(out, outlen,
                          "peer %d to take data on wire %d (step %d of %d)",
                          ln->send_peer, w, step + 1, ln->nsteps);
@@ -670,8 +668,7 @@ static int engine_ensure(weft__ctx *c)
         return WEFT_ENOMEM;
     e->frame_bytes = c->cfg->frame_bytes;
     e->maxw = maxw;
-    e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw *
-                          WEFT__RECV_DEPTH,
+    e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw * WEFT__RECV_DEPTH,
                       sizeof *e->stage);
     if (e->stage == NULL) {
         free(e);
@@ -796,10 +793,8 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
     for (int l = 0; l < op->nlanes; l++) {
         const weft__lane *ln = &op->lanes[l];
 
-        r.sw[l] = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer)
-                                     : 0;
-        r.rw[l] = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer)
-                                     : 0;
+        r.sw[l] = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
+        r.rw[l] = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
         if ((ln->send_peer >= 0 && r.sw[l] == 0) ||
             (ln->recv_peer >= 0 && r.rw[l] == 0))
             /* Found before anything moved: the communicator stays usable. */
@@ -943,8 +938,7 @@ static void describe_relay(const void *arg, char *out, size_t outlen)
     if (!p->rx.done)
         snprintf(out, outlen, "a message relayed from rank %d", p->src);
     else
-        snprintf(out, outlen, "a message relayed to rank %d to leave",
-                 p->dst);
+        snprintf(out, outlen, "a message relayed to rank %d to leave", p->dst);
 }
 
 static void relay_done(weft__xfer *x)
@@ -960,9 +954,8 @@ static void relay_hdr_done(weft__xfer *x)
     hdr_check(p->c, &p->err, p->rhdr, &p->want, p->src, -1);
 }
 
-static int relay_post(weft__ctx *c, int is_send, int peer,
-                      relay_xfer *rx, void *buf, size_t len,
-                      void (*done)(weft__xfer *))
+static int relay_post(weft__ctx *c, int is_send, int peer, relay_xfer *rx,
+                      void *buf, size_t len, void (*done)(weft__xfer *))
 {
     rx->x.done = done;
     rx->x.buf = buf;
@@ -972,8 +965,7 @@ static int relay_post(weft__ctx *c, int is_send, int peer,
 }
 
 int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
-                       void *recvbuf, int src, size_t nbytes,
-                       weft__op *direct)
+                       void *recvbuf, int src, size_t nbytes, weft__op *direct)
 {
     relay_pass p;
     int rc = WEFT_OK;

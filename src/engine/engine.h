@@ -30,11 +30,11 @@ typedef struct weft__call {
     const char *name;     /* "all_reduce", ... for messages */
     int kind;             /* WEFT__OP_* (engine.h) */
     int dtype;
-    int redop;            /* -1 where the call has none */
-    int root;             /* -1 where the call has none */
+    int redop; /* -1 where the call has none */
+    int root;  /* -1 where the call has none */
     uint64_t count;
-    uint64_t seq;  /* collectives: the communicator's count of them */
-    int passes;    /* engine passes run so far */
+    uint64_t seq; /* collectives: the communicator's count of them */
+    int passes;   /* engine passes run so far */
 } weft__call;
 
 /* What the engine and the algorithms see of a communicator: its job, its
@@ -70,7 +70,6 @@ int weft__note(weft__ctx *c, int err, const char *fmt, ...)
 
 /* Grows c->scratch to at least nbytes. */
 int weft__scratch(weft__ctx *c, size_t nbytes, void **out);
-
 
 /* Operation kinds, carried in each channel's header so that ranks calling
  * different operations fail with WEFT_EMISMATCH instead of mixing data. */
@@ -144,8 +143,7 @@ int weft__op_run(weft__ctx *c, weft__op *op);
  * or an operation for the halves that have wires) runs; frees direct's
  * steps. Same deadline and failure semantics as weft__engine_run. */
 int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
-                       void *recvbuf, int src, size_t nbytes,
-                       weft__op *direct);
+                       void *recvbuf, int src, size_t nbytes, weft__op *direct);
 
 /* Point to point (p2p.c): sends count elements of sendbuf to dst and at
  * the same time receives count elements from src into recvbuf; dst or src

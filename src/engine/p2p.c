@@ -8,8 +8,8 @@
 
 #include "transport/transport.h"
 
-int weft__sendrecv(weft__ctx *c, const void *sendbuf,
-                   int dst, void *recvbuf, int src, size_t count, weft_dtype dt)
+int weft__sendrecv(weft__ctx *c, const void *sendbuf, int dst, void *recvbuf,
+                   int src, size_t count, weft_dtype dt)
 {
     /* A peer with no wires to this rank is reached through the relay; the
      * halves with wires run as one lane of the engine. */

@@ -31,8 +31,7 @@ int weft__mesh_all_reduce(weft__ctx *c, const weft__args *a)
     if ((rc = weft__mesh_exchange(c, a, io)) != 0)
         return rc;
     memcpy(parts + (size_t)c->rank * mbytes, sb + mine.off * es, mbytes);
-    weft__reduce_ranks(rb + mine.off * es, parts, n, mine.len, a->dtype,
-                       a->op);
+    weft__reduce_ranks(rb + mine.off * es, parts, n, mine.len, a->dtype, a->op);
     /* All-gather: this rank's reduced chunk to every peer. */
     for (int p = 0; p < n; p++) {
         weft__region ch = weft__plan_chunk(a->count, n, p);

@@ -21,9 +21,9 @@ int weft__mesh_broadcast(weft__ctx *c, const weft__args *a)
     /* Scatter: chunk p from the root to rank p. */
     for (int p = 0; p < n; p++) {
         weft__region ch = weft__plan_chunk(a->count, n, p);
-        io[p] = (weft__peer_io){b + ch.off * es, me == root ? ch.len * es : 0,
-                                b + mine.off * es,
-                                p == root ? mine.len * es : 0};
+        io[p] =
+            (weft__peer_io){b + ch.off * es, me == root ? ch.len * es : 0,
+                            b + mine.off * es, p == root ? mine.len * es : 0};
     }
     if ((rc = weft__mesh_exchange(c, a, io)) != 0)
         return rc;
@@ -31,9 +31,9 @@ int weft__mesh_broadcast(weft__ctx *c, const weft__args *a)
      * all and only sends its own. */
     for (int p = 0; p < n; p++) {
         weft__region ch = weft__plan_chunk(a->count, n, p);
-        io[p] = (weft__peer_io){b + mine.off * es,
-                                p == root ? 0 : mine.len * es,
-                                b + ch.off * es, me == root ? 0 : ch.len * es};
+        io[p] =
+            (weft__peer_io){b + mine.off * es, p == root ? 0 : mine.len * es,
+                            b + ch.off * es, me == root ? 0 : ch.len * es};
     }
     return weft__mesh_exchange(c, a, io);
 }

@@ -26,7 +26,6 @@ int weft__mesh_reduce_scatter(weft__ctx *c, const weft__args *a)
         return rc;
     memcpy(parts + (size_t)c->rank * bytes, sb + (size_t)c->rank * bytes,
            bytes);
-    weft__reduce_ranks(a->recvbuf, parts, c->nranks, a->count, a->dtype,
-                       a->op);
+    weft__reduce_ranks(a->recvbuf, parts, c->nranks, a->count, a->dtype, a->op);
     return WEFT_OK;
 }

@@ -15,8 +15,7 @@ static void all_gather_fill(weft__ctx *c, const weft__ring_lane *rl,
     (void)lane;
     for (int k = 0; k < n - 1; k++) {
         int sblk = weft__ring_real(weft__ring_mod(rl->v - k, n), n, rl->d);
-        int rblk =
-            weft__ring_real(weft__ring_mod(rl->v - k - 1, n), n, rl->d);
+        int rblk = weft__ring_real(weft__ring_mod(rl->v - k - 1, n), n, rl->d);
 
         st[k].send_buf = rb + (size_t)sblk * bytes + rl->off * es;
         st[k].send_len = rl->m * es;

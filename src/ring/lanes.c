@@ -13,8 +13,8 @@ int weft__ring_real(int v, int n, int d)
     return d == 0 ? v : weft__ring_mod(n - v, n);
 }
 
-int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes,
-                   int nsteps, weft__ring_fill_fn fill, void *arg)
+int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes, int nsteps,
+                   weft__ring_fill_fn fill, void *arg)
 {
     const int n = c->nranks;
     weft__op op;

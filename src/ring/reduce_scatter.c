@@ -22,10 +22,8 @@ static void reduce_scatter_fill(weft__ctx *c, const weft__ring_lane *rl,
     for (int k = 0; k < n - 1; k++) {
         /* Send block v-k-1, receive block v-k-2 and reduce: after n-1
          * steps this rank holds its own block v, complete. */
-        int sblk =
-            weft__ring_real(weft__ring_mod(rl->v - k - 1, n), n, rl->d);
-        int rblk =
-            weft__ring_real(weft__ring_mod(rl->v - k - 2, n), n, rl->d);
+        int sblk = weft__ring_real(weft__ring_mod(rl->v - k - 1, n), n, rl->d);
+        int rblk = weft__ring_real(weft__ring_mod(rl->v - k - 2, n), n, rl->d);
         size_t so = (size_t)sblk * bytes + rl->off * es;
         size_t ro = (size_t)rblk * bytes + rl->off * es;
         int last = k == n - 2;
@@ -59,8 +57,8 @@ int weft__ring_reduce_scatter(weft__ctx *c, const weft__args *a)
                     rb < sb + bytes * (size_t)n && rb + bytes > sb;
     if ((rc = weft__scratch(c, bytes * (size_t)n, (void **)&x.scratch)) != 0)
         return rc;
-    rc = weft__ring_run(c, a, bytes * (size_t)n, n - 1, reduce_scatter_fill,
-                        &x);
+    rc =
+        weft__ring_run(c, a, bytes * (size_t)n, n - 1, reduce_scatter_fill, &x);
     if (rc == WEFT_OK && x.via_scratch)
         memmove(a->recvbuf, x.scratch + (size_t)c->rank * bytes, bytes);
     return rc;

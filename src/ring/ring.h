@@ -30,14 +30,13 @@ typedef struct weft__ring_lane {
 /* Fills the steps st of one lane (whose peers are set; fill may change
  * them, as a broadcast does at the ends of its chain). */
 typedef void (*weft__ring_fill_fn)(weft__ctx *c, const weft__ring_lane *rl,
-                                   weft__lane *lane, weft__step *st,
-                                   void *arg);
+                                   weft__lane *lane, weft__step *st, void *arg);
 
 /* Builds and runs a ring operation: one lane, or two (each way, each on
  * half of the `count` elements of a block) from cfg->bidir_min_bytes of
  * `nbytes` on, with `nsteps` steps each, filled by fill. */
-int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes,
-                   int nsteps, weft__ring_fill_fn fill, void *arg);
+int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes, int nsteps,
+                   weft__ring_fill_fn fill, void *arg);
 
 /* a mod n, in [0, n). */
 int weft__ring_mod(int a, int n);
