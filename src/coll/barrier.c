@@ -1,18 +1,20 @@
 /* The barrier; see coll.h. */
 #include "coll/coll.h"
 
-int weft__barrier(weft__ctx *c, weft__algo_fn gather)
+int weft__barrier(weft__task *t, weft__algo_fn gather)
 {
+    const int n = t->c->nranks, me = t->c->rank;
     uint8_t *flags;
     weft__args a = {0};
     int rc;
 
-    if ((rc = weft__scratch(c, (size_t)c->nranks, (void **)&flags)) != 0)
+    if ((rc = weft__scratch(t->c, (size_t)n, (void **)&flags)) != 0)
         return rc;
-    flags[c->rank] = 1;
-    a.sendbuf = flags + c->rank;
+    flags[me] = 1;
+    a.sendbuf = flags + me;
     a.recvbuf = flags;
     a.count = 1;
     a.dtype = WEFT_UINT8;
-    return gather(c, &a);
+    t->a = a;
+    return gather(t);
 }

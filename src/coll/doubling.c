@@ -5,46 +5,63 @@
  * exchanges of one message each, against one exchange of n-1 messages:
  * measured faster when ranks share one host's cores, so the selection table
  * uses it there; across the hosts of a mesh, one exchange costs one network
- * latency instead of log2(n). */
+ * latency instead of log2(n). t->round is the round's bit, t->scratch the
+ * partner's partial result. */
 #include "coll/coll.h"
 
 #include "base/kernels.h"
 
 #include <string.h>
 
-int weft__doubling_all_reduce(weft__ctx *c, const weft__args *a)
+/* Swaps the partial result with the partner of round t->round. */
+static int swap(weft__task *t)
 {
+    const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    char *peer_part;
+    weft__op op;
+    weft__step *st;
+
+    weft__op_init(&op, a->dtype, a->op);
+    op.nlanes = 1;
+    st = weft__op_steps(&op, 0, 1);
+    op.lanes[0].send_peer = t->c->rank ^ t->round;
+    op.lanes[0].recv_peer = t->c->rank ^ t->round;
+    if (st != NULL) {
+        st[0].send_buf = a->recvbuf;
+        st[0].send_len = bytes;
+        st[0].recv_dst = t->scratch;
+        st[0].recv_len = bytes;
+    }
+    return weft__task_pass(t, &op, NULL);
+}
+
+static int combine(weft__task *t)
+{
+    const weft__args *a = &t->a;
+
+    if (t->c->rank < (t->c->rank ^ t->round))
+        weft__reduce(a->recvbuf, t->scratch, a->count, a->dtype, a->op);
+    else
+        weft__reduce3(a->recvbuf, t->scratch, a->recvbuf, a->count, a->dtype,
+                      a->op);
+    t->round <<= 1;
+    if (t->round >= t->c->nranks)
+        return WEFT_OK;
+    t->next = combine;
+    return swap(t);
+}
+
+int weft__doubling_all_reduce(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
     int rc;
 
-    if ((rc = weft__scratch(c, bytes, (void **)&peer_part)) != 0)
+    if ((rc = weft__scratch(t->c, bytes, (void **)&t->scratch)) != 0)
         return rc;
     if (a->recvbuf != a->sendbuf)
         memcpy(a->recvbuf, a->sendbuf, bytes);
-    for (int bit = 1; bit < c->nranks; bit <<= 1) {
-        int partner = c->rank ^ bit;
-        weft__op op;
-        weft__step *st;
-
-        weft__op_init(&op, a->dtype, a->op);
-        op.nlanes = 1;
-        st = weft__op_steps(&op, 0, 1);
-        op.lanes[0].send_peer = partner;
-        op.lanes[0].recv_peer = partner;
-        if (st != NULL) {
-            st[0].send_buf = a->recvbuf;
-            st[0].send_len = bytes;
-            st[0].recv_dst = peer_part;
-            st[0].recv_len = bytes;
-        }
-        if ((rc = weft__op_run(c, &op)) != 0)
-            return rc;
-        if (c->rank < partner)
-            weft__reduce(a->recvbuf, peer_part, a->count, a->dtype, a->op);
-        else
-            weft__reduce3(a->recvbuf, peer_part, a->recvbuf, a->count, a->dtype,
-                          a->op);
-    }
-    return WEFT_OK;
+    t->round = 1;
+    t->next = combine;
+    return swap(t);
 }

@@ -3,18 +3,28 @@
 
 #include "base/kernels.h"
 
-int weft__gather_reduce(weft__ctx *c, const weft__args *a, weft__algo_fn gather)
+static int reduce_gathered(weft__task *t)
 {
+    const weft__args *a = &t->a;
+
+    weft__reduce_ranks(a->recvbuf, t->scratch, t->c->nranks, a->count, a->dtype,
+                       a->op);
+    return WEFT_OK;
+}
+
+int weft__gather_reduce(weft__task *t, weft__algo_fn gather)
+{
+    const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
     weft__args g = *a;
-    char *all;
     int rc;
 
-    if ((rc = weft__scratch(c, bytes * (size_t)c->nranks, (void **)&all)) != 0)
+    if ((rc = weft__scratch(t->c, bytes * (size_t)t->c->nranks,
+                            (void **)&t->scratch)) != 0)
         return rc;
-    g.recvbuf = all;
-    if ((rc = gather(c, &g)) != 0)
+    g.recvbuf = t->scratch;
+    if ((rc = weft__task_sub(t, &g, gather)) != 0)
         return rc;
-    weft__reduce_ranks(a->recvbuf, all, c->nranks, a->count, a->dtype, a->op);
+    t->next = reduce_gathered;
     return WEFT_OK;
 }

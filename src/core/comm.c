@@ -2,8 +2,8 @@
  * The communicator: the public entry points, argument checks, and the
  * failed/aborted state machine of API.md's failure semantics.
  */
-#include "core/internal.h"
 #include "base/kernels.h"
+#include "core/internal.h"
 #include "core/select.h"
 #include "transport/transport.h"
 
@@ -40,8 +40,7 @@ int weft_init(weft_comm **out)
 
     init_errmsg[0] = '\0';
     if (out == NULL) {
-        snprintf(init_errmsg, sizeof init_errmsg,
-                 "weft_init: out is NULL");
+        snprintf(init_errmsg, sizeof init_errmsg, "weft_init: out is NULL");
         return WEFT_EINVAL;
     }
     *out = NULL;
@@ -58,9 +57,6 @@ int weft_init(weft_comm **out)
     c->x.fail.rank = c->x.rank;
     /* One deadline for the whole set-up, whatever layers it takes (the
      * ibverbs transport's exchange runs over the TCP one's wires). */
-    c->x.call.name = "weft_init";
-    c->x.call.deadline_ms =
-        weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     atomic_init(&c->x.aborted, 0);
     c->x.tpo = pick_transport(c->cfg.transport);
     if (c->x.tpo == NULL) {
@@ -90,7 +86,7 @@ int weft_init(weft_comm **out)
             .nranks = c->x.nranks,
             .wires = c->cfg.wires,
             .timeout_ms = c->x.timeout_ms,
-            .deadline_ms = c->x.call.deadline_ms,
+            .deadline_ms = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms,
             .sink = &c->x.fail,
         };
         rc = c->x.tpo->create(c->tpp, &c->x.tp);
@@ -175,8 +171,8 @@ int weft_abort(weft_comm *c)
 
 /* Checks shared by every operation. mult is how many count-sized blocks
  * the largest buffer holds. */
-static int check(weft_comm *c, const char *name, size_t count,
-                 weft_dtype dtype, size_t mult)
+static int check(weft_comm *c, const char *name, size_t count, weft_dtype dtype,
+                 size_t mult)
 {
     size_t es;
 
@@ -205,11 +201,9 @@ static int check(weft_comm *c, const char *name, size_t count,
  * call must agree on, which the engine's headers carry. Collectives are
  * numbered per communicator (every rank calls them in the same order);
  * point-to-point calls are numbered per pair by the engine. */
-static void call_begin(weft_comm *c, int kind, const char *name,
+static void call_begin(weft_comm *c, weft__call *k, int kind, const char *name,
                        weft_dtype dtype, int redop, int root, size_t count)
 {
-    weft__call *k = &c->x.call;
-
     k->deadline_ms = weft__now_ms() + (uint64_t)c->x.timeout_ms;
     k->name = name;
     k->kind = kind;
@@ -221,25 +215,35 @@ static void call_begin(weft_comm *c, int kind, const char *name,
     k->passes = 0;
 }
 
+/* Runs a call: posts its task with `post` and waits for it. */
+static int run(weft_comm *c, weft__call *k, const weft__args *a,
+               weft__algo_fn post)
+{
+    weft__task t;
+    int rc;
+
+    weft__task_init(&t, &c->x, k, a);
+    if ((rc = post(&t)) == WEFT_OK)
+        rc = weft__task_wait(&t);
+    return rc;
+}
+
 /* Runs a validated collective with count > 0 on a job of two ranks or
  * more: the call begins, and the selection table's algorithm runs it. */
 static int collective(weft_comm *c, int kind, const char *name,
                       const weft__args *a, int redop)
 {
-    weft__algo_fn run;
+    weft__call k;
 
-    call_begin(c, kind, name, a->dtype, redop, kind == WEFT__OP_BROADCAST
-                                                   ? a->root
-                                                   : -1,
-               a->count);
-    run = weft__select(&c->x, kind, a);
-    return run(&c->x, a);
+    call_begin(c, &k, kind, name, a->dtype, redop,
+               kind == WEFT__OP_BROADCAST ? a->root : -1, a->count);
+    return run(c, &k, a, weft__select(&c->x, kind, a));
 }
 
 int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
                     size_t count, weft_dtype dtype, weft_redop op)
 {
-    weft__args a = {sendbuf, recvbuf, count, dtype, op, -1};
+    weft__args a = {sendbuf, recvbuf, count, dtype, op, -1, -1, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -261,7 +265,7 @@ int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
 int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
                     size_t count, weft_dtype dtype)
 {
-    weft__args a = {sendbuf, recvbuf, count, dtype, WEFT_SUM, -1};
+    weft__args a = {sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, -1, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -281,7 +285,7 @@ int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
 int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
                         size_t recvcount, weft_dtype dtype, weft_redop op)
 {
-    weft__args a = {sendbuf, recvbuf, recvcount, dtype, op, -1};
+    weft__args a = {sendbuf, recvbuf, recvcount, dtype, op, -1, -1, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -306,7 +310,7 @@ int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
 int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
                    int root)
 {
-    weft__args a = {buf, buf, count, dtype, WEFT_SUM, root};
+    weft__args a = {buf, buf, count, dtype, WEFT_SUM, root, -1, -1};
     int rc;
 
     CHECK_COMM(c);
@@ -322,6 +326,18 @@ int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
     return collective(c, WEFT__OP_BROADCAST, "broadcast", &a, -1);
 }
 
+/* Runs a validated point-to-point call with count > 0. */
+static int sendrecv(weft_comm *c, const char *name, const void *sendbuf,
+                    int dst, void *recvbuf, int src, size_t count,
+                    weft_dtype dtype)
+{
+    weft__args a = {sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, dst, src};
+    weft__call k;
+
+    call_begin(c, &k, WEFT__OP_P2P, name, dtype, -1, -1, count);
+    return run(c, &k, &a, weft__sendrecv_post);
+}
+
 static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
                weft_dtype dtype, int peer, int is_send)
 {
@@ -334,16 +350,16 @@ static int p2p(weft_comm *c, const char *name, void *buf, size_t count,
         return inval(c, "%s: peer %d out of range [0, %d)", name, peer,
                      c->x.nranks);
     if (peer == c->x.rank)
-        return inval(c, "%s: peer %d is this rank (a blocking send to "
-                        "oneself cannot complete)",
+        return inval(c,
+                     "%s: peer %d is this rank (a blocking send to "
+                     "oneself cannot complete)",
                      name, peer);
     if (count > 0 && buf == NULL)
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0)
         return WEFT_OK;
-    call_begin(c, WEFT__OP_P2P, name, dtype, -1, -1, count);
-    return weft__sendrecv(&c->x, buf, is_send ? peer : -1, buf,
-                          is_send ? -1 : peer, count, dtype);
+    return sendrecv(c, name, buf, is_send ? peer : -1, buf, is_send ? -1 : peer,
+                    count, dtype);
 }
 
 int weft_send(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
@@ -352,8 +368,7 @@ int weft_send(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
     return p2p(c, "send", (void *)(uintptr_t)buf, count, dtype, peer, 1);
 }
 
-int weft_recv(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
-              int peer)
+int weft_recv(weft_comm *c, void *buf, size_t count, weft_dtype dtype, int peer)
 {
     return p2p(c, "recv", buf, count, dtype, peer, 0);
 }
@@ -375,9 +390,7 @@ int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
         return inval(c, "sendrecv: NULL buffer with count %zu", count);
     if (count == 0)
         return WEFT_OK;
-    call_begin(c, WEFT__OP_P2P, "sendrecv", dtype, -1, -1, count);
-    return weft__sendrecv(&c->x, sendbuf, dst, recvbuf, src, count,
-                          dtype);
+    return sendrecv(c, "sendrecv", sendbuf, dst, recvbuf, src, count, dtype);
 }
 
 int weft_barrier(weft_comm *c)
@@ -390,7 +403,7 @@ int weft_barrier(weft_comm *c)
     if (c->x.nranks == 1)
         return WEFT_OK;
     {
-        weft__args a = {NULL, NULL, 1, WEFT_UINT8, WEFT_SUM, -1};
+        weft__args a = {NULL, NULL, 1, WEFT_UINT8, WEFT_SUM, -1, -1, -1};
         return collective(c, WEFT__OP_BARRIER, "barrier", &a, -1);
     }
 }

@@ -29,26 +29,24 @@ enum {
     UPTO_MESH_SMALL, /* <= mesh_small_all_reduce_bytes */
 };
 
-static int ring_gather_reduce(weft__ctx *c, const weft__args *a)
+static int ring_gather_reduce(weft__task *t)
 {
-    return weft__gather_reduce(c, a, weft__ring_all_gather);
+    return weft__gather_reduce(t, weft__ring_all_gather);
 }
 
-static int mesh_gather_reduce(weft__ctx *c, const weft__args *a)
+static int mesh_gather_reduce(weft__task *t)
 {
-    return weft__gather_reduce(c, a, weft__mesh_all_gather);
+    return weft__gather_reduce(t, weft__mesh_all_gather);
 }
 
-static int ring_barrier(weft__ctx *c, const weft__args *a)
+static int ring_barrier(weft__task *t)
 {
-    (void)a;
-    return weft__barrier(c, weft__ring_all_gather);
+    return weft__barrier(t, weft__ring_all_gather);
 }
 
-static int mesh_barrier(weft__ctx *c, const weft__args *a)
+static int mesh_barrier(weft__task *t)
 {
-    (void)a;
-    return weft__barrier(c, weft__mesh_all_gather);
+    return weft__barrier(t, weft__mesh_all_gather);
 }
 
 static const struct algo_row {

@@ -34,6 +34,15 @@
 
 struct wstate;
 
+/* An operation header, decoded (see "headers" below). */
+typedef struct ophdr {
+    uint32_t magic;
+    uint32_t kind, dtype, redop, pass; /* one byte each on the wire */
+    uint32_t tag;
+    int32_t root;
+    uint64_t seq, count, total;
+} ophdr;
+
 typedef struct frame {
     weft__xfer x; /* what the transport hands back (container_of) */
     struct wstate *ws;
@@ -72,6 +81,7 @@ struct weft__engine {
     int maxw;
     /* staging: [lane][wire][slot], frame_bytes each, allocated on demand */
     char **stage;
+    struct weft__pass *spare; /* the last pass's memory, for the next */
 };
 
 /* A check channel: headers only, exchanged on wire 0 with a peer that a
@@ -88,9 +98,18 @@ typedef struct check {
     uint8_t sbuf[HDR_BYTES], rbuf[HDR_BYTES];
 } check;
 
+/* One of the four transfers of a relayed message: its header or its
+ * bytes, one way or the other. */
+typedef struct relay_xfer {
+    weft__xfer x;
+    int done;
+} relay_xfer;
+
 typedef struct run {
     weft__ctx *c;
-    const weft__op *op;
+    weft__call *k;
+    const weft__op *op; /* &own */
+    weft__op own;       /* the pass owns the steps */
     size_t frame;
     int err;
     int pass;                /* this pass's number in the call */
@@ -103,7 +122,17 @@ typedef struct run {
     uint64_t stotal[WEFT__MAX_LANES];
     uint64_t rtotal[WEFT__MAX_LANES];
     wstate *ws[WEFT__MAX_LANES]; /* max(sw, rw) entries per lane */
+    /* Relayed point to point (see below): each way, a header then bytes;
+     * done from the start for a way that is left out. */
+    int rdst, rsrc;
+    uint8_t rl_shdr[HDR_BYTES], rl_rhdr[HDR_BYTES];
+    ophdr rl_want;
+    relay_xfer rl_sh, rl_sx, rl_rh, rl_rx;
 } run;
+
+struct weft__pass {
+    run r;
+};
 
 static void pump_lane(run *r, int lane);
 
@@ -205,18 +234,9 @@ int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
  * different things fail with WEFT_EMISMATCH, and bytes an earlier
  * mismatched call left on a wire never pass for a later call's. */
 
-typedef struct ophdr {
-    uint32_t magic;
-    uint32_t kind, dtype, redop, pass; /* one byte each on the wire */
-    uint32_t tag;
-    int32_t root;
-    uint64_t seq, count, total;
-} ophdr;
-
-static ophdr hdr_make(const weft__ctx *c, int pass, uint32_t tag, uint64_t seq,
+static ophdr hdr_make(const weft__call *k, int pass, uint32_t tag, uint64_t seq,
                       uint64_t total)
 {
-    const weft__call *k = &c->call;
     ophdr h = {
         .magic = HDR_MAGIC,
         .kind = (uint32_t)k->kind & 0xff,
@@ -287,9 +307,11 @@ static void hdr_describe(const ophdr *h, char *out, size_t len)
 /* Compares a received header with the one this rank expects from peer on
  * wire w; a difference fails the pass with a message that names both
  * calls. Returns 0 when they match. */
-static int hdr_check(weft__ctx *c, int *result, const uint8_t *got,
-                     const ophdr *want, int peer, int w)
+static int hdr_check(run *r, const uint8_t *got, const ophdr *want, int peer,
+                     int w)
 {
+    weft__ctx *c = r->c;
+    int *result = &r->err;
     uint8_t wb[HDR_BYTES];
     char mine[128], theirs[128];
     ophdr g;
@@ -306,7 +328,7 @@ static int hdr_check(weft__ctx *c, int *result, const uint8_t *got,
                          "expected the start of %s (data an earlier "
                          "call with mismatched arguments left on the "
                          "wire?)",
-                         c->rank, c->call.name, peer, w, mine);
+                         c->rank, r->k->name, peer, w, mine);
     hdr_describe(&g, theirs, sizeof theirs);
     if (strcmp(mine, theirs) != 0)
         return fail_into(c, result, WEFT_EMISMATCH,
@@ -328,7 +350,7 @@ static int hdr_check(weft__ctx *c, int *result, const uint8_t *got,
 /* The header of lane `lane`'s sends (is_send) or receives. */
 static ophdr lane_hdr(const run *r, int lane, int is_send)
 {
-    return hdr_make(r->c, r->pass, (uint32_t)r->op->lanes[lane].tag,
+    return hdr_make(r->k, r->pass, (uint32_t)r->op->lanes[lane].tag,
                     is_send ? r->sseq[lane] : r->rseq[lane],
                     is_send ? r->stotal[lane] : r->rtotal[lane]);
 }
@@ -358,8 +380,8 @@ static void recv_done(weft__xfer *x)
     ws->r_count--;
     if (f->hdr) {
         ophdr want = lane_hdr(r, ws->lane, 0);
-        if (hdr_check(r->c, &r->err, ws->r_hdrbuf, &want,
-                      r->op->lanes[ws->lane].recv_peer, ws->w) != 0)
+        if (hdr_check(r, ws->r_hdrbuf, &want, r->op->lanes[ws->lane].recv_peer,
+                      ws->w) != 0)
             return;
     } else {
         if (f->slot >= 0)
@@ -381,9 +403,9 @@ static void check_recv_done(weft__xfer *x)
 {
     check *k = container_of(x, check, rx);
     run *r = k->run;
-    ophdr want = hdr_make(r->c, r->pass, TAG_CHECK, r->c->call.seq, 0);
+    ophdr want = hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
 
-    if (hdr_check(r->c, &r->err, k->rbuf, &want, k->peer, 0) == 0)
+    if (hdr_check(r, k->rbuf, &want, k->peer, 0) == 0)
         k->got = 1;
 }
 
@@ -557,10 +579,8 @@ static int lane_done(const run *r, int lane)
 }
 
 /* Names what the operation was still waiting for, for a timeout message. */
-static void describe_wait(const void *arg, char *out, size_t outlen)
+static void describe_wait(const run *r, char *out, size_t outlen)
 {
-    const run *r = arg;
-
     snprintf(out, outlen, "nothing");
     for (int i = 0; i < r->nchecks; i++) {
         const check *k = &r->checks[i];
@@ -596,39 +616,39 @@ static void describe_wait(const void *arg, char *out, size_t outlen)
             }
         }
     }
+    if (!r->rl_rh.done || !r->rl_rx.done)
+        snprintf(out, outlen, "a message relayed from rank %d", r->rsrc);
+    else if (!r->rl_sh.done || !r->rl_sx.done)
+        snprintf(out, outlen, "a message relayed to rank %d to leave", r->rdst);
 }
 
-/* One wait of an operation, shared by every loop that waits on the
- * transport: an abort, the deadline or a failed wire ends the wait with
- * its error, which is stored in *err unless *err already holds one (a
- * completion may have failed meanwhile, and the first cause wins); the
- * timeout message names what the operation waited for (describe). The
- * deadline is checked here too, not only by the transport: a transport
- * whose progress() keeps returning early (events that move nothing this
- * operation waits for) must not keep a caller past it. */
-static void wait_once(weft__ctx *c,
-                      void (*describe)(const void *, char *, size_t),
-                      const void *arg, int *err)
+void weft__pass_wait(weft__pass *p)
 {
-    const char *name = c->call.name;
-    uint64_t deadline = c->call.deadline_ms;
+    run *r = &p->r;
+    weft__ctx *c = r->c;
+    const char *name = r->k->name;
+    uint64_t deadline = r->k->deadline_ms;
     char what[160];
     int rc;
 
-    if (atomic_load(&c->aborted)) {
+    if (r->err != 0)
+        return;
+    /* The deadline is checked here too, not only by the transport: one
+     * whose progress() keeps returning early (events that move nothing
+     * this pass waits for) must not keep a caller past it. */
+    if (atomic_load(&c->aborted))
         rc = weft__set_error(c, WEFT_EABORTED,
                              "rank %d: %s aborted by weft_abort()", c->rank,
                              name);
-        if (*err == 0)
-            *err = rc;
+    else if ((rc = weft__now_ms() >= deadline
+                       ? WEFT_ETIMEDOUT
+                       : c->tpo->progress(c->tp, deadline)) == 0)
         return;
-    }
-    rc = weft__now_ms() >= deadline ? WEFT_ETIMEDOUT
-                                    : c->tpo->progress(c->tp, deadline);
-    if (rc == 0 || *err != 0)
+    else if (r->err != 0)
+        /* A completion failed the pass meanwhile: the first cause wins. */
         return;
-    if (rc == WEFT_ETIMEDOUT) {
-        describe(arg, what, sizeof what);
+    else if (rc == WEFT_ETIMEDOUT) {
+        describe_wait(r, what, sizeof what);
         rc = weft__set_error(c, rc,
                              "rank %d: %s passed its deadline of %d ms "
                              "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
@@ -639,16 +659,7 @@ static void wait_once(weft__ctx *c,
         rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, name,
                              weft_strerror(rc));
     }
-    *err = rc;
-}
-
-/* After a failed operation: drop every frame in flight (none may touch the
- * caller's buffers once we return) and fail the communicator. */
-static void op_failed(weft__ctx *c, int err)
-{
-    weft__set_error(c, err, "rank %d: %s failed: %s", c->rank, c->call.name,
-                    weft_strerror(err));
-    c->tpo->shutdown(c->tp);
+    r->err = rc;
 }
 
 static int engine_ensure(weft__ctx *c)
@@ -688,6 +699,7 @@ void weft__engine_free(weft__ctx *c)
          i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * WEFT__RECV_DEPTH; i++)
         free(e->stage[i]);
     free(e->stage);
+    free(e->spare);
     free(e);
     c->eng = NULL;
 }
@@ -713,7 +725,7 @@ static void plan_checks(run *r)
     const weft__op *op = r->op;
     int cand[2 * WEFT__MAX_LANES + WEFT__MESH_MAX_RANKS + 2], ncand = 0;
 
-    if (c->call.kind == WEFT__OP_P2P)
+    if (r->k->kind == WEFT__OP_P2P)
         return;
     for (int l = 0; l < op->nlanes; l++) {
         cand[ncand++] = op->lanes[l].send_peer;
@@ -765,7 +777,7 @@ static void post_checks(run *r)
             rc = c->tpo->post_recv(c->tp, k->peer, 0, &k->rx);
         }
         if (rc == 0 && k->send) {
-            ophdr h = hdr_make(c, r->pass, TAG_CHECK, c->call.seq, 0);
+            ophdr h = hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
             hdr_encode(k->sbuf, &h);
             k->sx.done = check_send_done;
             k->sx.buf = (char *)k->sbuf;
@@ -774,101 +786,79 @@ static void post_checks(run *r)
         }
         if (rc != 0)
             engine_fail(r, rc, "rank %d: %s: cannot post to peer %d: %s",
-                        c->rank, c->call.name, k->peer, weft_strerror(rc));
+                        c->rank, r->k->name, k->peer, weft_strerror(rc));
     }
 }
 
-int weft__engine_run(weft__ctx *c, const weft__op *op)
+/* ---- relayed point to point ----
+ *
+ * A message to a rank with no wires to this one goes around the ring
+ * through the transport's relay, as two relayed messages: its header (the
+ * same as a wire's, with the pair's message number and the length), then
+ * its bytes. The receiver checks the header before it takes a byte, so a
+ * relayed send and receive are matched exactly as direct ones are. The
+ * halves with wires of their own run meanwhile as the pass's lanes. */
+
+static void relay_done(weft__xfer *x)
 {
-    run r;
-    int rc, all_done;
-
-    memset(&r, 0, sizeof r);
-    r.c = c;
-    r.op = op;
-    r.frame = c->cfg->frame_bytes;
-    if ((rc = engine_ensure(c)) != 0)
-        return weft__note(c, rc, "rank %d: %s: no memory for the engine",
-                          c->rank, c->call.name);
-    for (int l = 0; l < op->nlanes; l++) {
-        const weft__lane *ln = &op->lanes[l];
-
-        r.sw[l] = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
-        r.rw[l] = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
-        if ((ln->send_peer >= 0 && r.sw[l] == 0) ||
-            (ln->recv_peer >= 0 && r.rw[l] == 0))
-            /* Found before anything moved: the communicator stays usable. */
-            return weft__note(c, WEFT_ENOTSUP,
-                              "rank %d: %s needs a direct link to peer %d, "
-                              "and this job has none",
-                              c->rank, c->call.name,
-                              r.sw[l] == 0 ? ln->send_peer : ln->recv_peer);
-    }
-    r.pass = c->call.passes++;
-    for (int l = 0; l < op->nlanes; l++) {
-        const weft__lane *ln = &op->lanes[l];
-        int n;
-
-        n = r.sw[l] > r.rw[l] ? r.sw[l] : r.rw[l];
-        r.ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
-        if (r.ws[l] == NULL) {
-            rc = engine_fail(&r, WEFT_ENOMEM, "rank %d: %s: out of memory",
-                             c->rank, c->call.name);
-            goto out;
-        }
-        for (int w = 0; w < n; w++) {
-            r.ws[l][w].run = &r;
-            r.ws[l][w].lane = l;
-            r.ws[l][w].w = w;
-            r.ws[l][w].d_step = -1;
-        }
-        for (int k = 0; k < ln->nsteps; k++) {
-            r.stotal[l] += ln->steps[k].send_len;
-            r.rtotal[l] += ln->steps[k].recv_len;
-        }
-        /* Collectives are matched by the call's number; point-to-point
-         * messages by their number between the pair, each way. */
-        r.sseq[l] = r.rseq[l] = c->call.seq;
-        if (c->call.kind == WEFT__OP_P2P) {
-            if (ln->send_peer >= 0)
-                r.sseq[l] = c->send_seq[ln->send_peer]++;
-            if (ln->recv_peer >= 0)
-                r.rseq[l] = c->recv_seq[ln->recv_peer]++;
-        }
-    }
-    /* Lanes first: a check channel never shares a direction of a wire
-     * with a lane, and a check sent to a peer the lanes receive from then
-     * finds that wire read (no look for a close before it, tcp.c). */
-    plan_checks(&r);
-    for (int l = 0; l < op->nlanes; l++)
-        pump_lane(&r, l);
-    post_checks(&r);
-    for (;;) {
-        all_done = check_done(&r);
-        for (int l = 0; l < op->nlanes && all_done; l++)
-            all_done = lane_done(&r, l);
-        if (r.err != 0 || all_done)
-            break;
-        wait_once(c, describe_wait, &r, &r.err);
-    }
-    rc = r.err;
-#ifndef NDEBUG
-    /* The design's invariant: an operation that ends has no frame in
-     * flight on any wire (a failed one is shut down below instead). */
-    for (int l = 0; rc == 0 && l < op->nlanes; l++)
-        for (int w = 0; w < (r.sw[l] > r.rw[l] ? r.sw[l] : r.rw[l]); w++)
-            assert(r.ws[l][w].s_count == 0 && r.ws[l][w].r_count == 0);
-    for (int i = 0; rc == 0 && i < r.nchecks; i++)
-        assert((!r.checks[i].send || r.checks[i].sent) &&
-               (!r.checks[i].recv || r.checks[i].got));
-#endif
-out:
-    if (rc != 0)
-        op_failed(c, rc);
-    for (int l = 0; l < op->nlanes; l++)
-        free(r.ws[l]);
-    return rc;
+    container_of(x, relay_xfer, x)->done = 1;
 }
+
+static void relay_hdr_done(weft__xfer *x)
+{
+    run *r = container_of(x, run, rl_rh.x);
+
+    r->rl_rh.done = 1;
+    hdr_check(r, r->rl_rhdr, &r->rl_want, r->rsrc, -1);
+}
+
+static int relay_post(run *r, int is_send, int peer, relay_xfer *rx, void *buf,
+                      size_t len, void (*done)(weft__xfer *))
+{
+    weft__ctx *c = r->c;
+
+    rx->x.done = done;
+    rx->x.buf = buf;
+    rx->x.len = len;
+    return is_send ? c->tpo->relay_send(c->tp, peer, &rx->x)
+                   : c->tpo->relay_recv(c->tp, peer, &rx->x);
+}
+
+static void post_relay(run *r, const weft__relay *rl)
+{
+    weft__ctx *c = r->c;
+    int rc = 0;
+
+    if (rl->dst >= 0) {
+        ophdr h =
+            hdr_make(r->k, 0, TAG_RELAY, c->send_seq[rl->dst]++, rl->nbytes);
+        hdr_encode(r->rl_shdr, &h);
+        rc = relay_post(r, 1, rl->dst, &r->rl_sh, r->rl_shdr, HDR_BYTES,
+                        relay_done);
+        if (rc == 0)
+            rc = relay_post(r, 1, rl->dst, &r->rl_sx,
+                            (void *)(uintptr_t)rl->sendbuf, rl->nbytes,
+                            relay_done);
+    }
+    if (rc == 0 && rl->src >= 0) {
+        r->rl_want =
+            hdr_make(r->k, 0, TAG_RELAY, c->recv_seq[rl->src]++, rl->nbytes);
+        rc = relay_post(r, 0, rl->src, &r->rl_rh, r->rl_rhdr, HDR_BYTES,
+                        relay_hdr_done);
+        if (rc == 0)
+            rc = relay_post(r, 0, rl->src, &r->rl_rx, rl->recvbuf, rl->nbytes,
+                            relay_done);
+    }
+    if (rc != 0 && r->err == 0)
+        r->err = rc;
+}
+
+static int relay_done_all(const run *r)
+{
+    return r->rl_sh.done && r->rl_sx.done && r->rl_rh.done && r->rl_rx.done;
+}
+
+/* ---- passes ---- */
 
 static void op_free_steps(weft__op *op)
 {
@@ -895,125 +885,195 @@ weft__step *weft__op_steps(weft__op *op, int lane, int nsteps)
     return st;
 }
 
-int weft__op_run(weft__ctx *c, weft__op *op)
-{
-    int rc = WEFT_OK;
+/* A pass that cannot start: before anything of its call moved, c stays
+ * usable (the error is only noted); later, the call is broken half way
+ * and c fails. */
+static int start_error(weft__ctx *c, weft__call *k, int err, const char *fmt,
+                       ...) __attribute__((format(printf, 4, 5)));
 
-    for (int l = 0; l < op->nlanes; l++)
-        if (op->lanes[l].steps == NULL)
-            rc = weft__note(c, WEFT_ENOMEM, "rank %d: %s: out of memory",
-                            c->rank, c->call.name);
-    if (rc == WEFT_OK)
-        rc = weft__engine_run(c, op);
-    op_free_steps(op);
-    return rc;
+static int start_error(weft__ctx *c, weft__call *k, int err, const char *fmt,
+                       ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    if (k->passes == 0)
+        vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+    else {
+        weft__vfail(&c->fail, err, fmt, ap);
+        c->tpo->shutdown(c->tp);
+    }
+    va_end(ap);
+    return err;
 }
 
-/* ---- relayed point to point ----
- *
- * A message to a rank with no wires to this one goes around the ring
- * through the transport's relay, as two relayed messages: its header (the
- * same as a wire's, with the pair's message number and the length), then
- * its bytes. The receiver checks the header before it takes a byte, so a
- * relayed send and receive are matched exactly as direct ones are. */
-
-typedef struct {
-    weft__xfer x;
-    int done;
-} relay_xfer;
-
-typedef struct {
-    weft__ctx *c;
-    int err;
-    int dst, src;
-    uint8_t shdr[HDR_BYTES], rhdr[HDR_BYTES];
-    ophdr want;
-    relay_xfer sh, sx, rh, rx; /* header and bytes, each way */
-} relay_pass;
-
-static void describe_relay(const void *arg, char *out, size_t outlen)
+/* Frees the pass's own memory; the engine keeps one for the next pass. */
+static void pass_free(weft__ctx *c, weft__pass *p)
 {
-    const relay_pass *p = arg;
+    run *r = &p->r;
 
-    if (!p->rx.done)
-        snprintf(out, outlen, "a message relayed from rank %d", p->src);
+    for (int l = 0; l < r->op->nlanes; l++)
+        free(r->ws[l]);
+    op_free_steps(&r->own);
+    if (c->eng != NULL && c->eng->spare == NULL)
+        c->eng->spare = p;
     else
-        snprintf(out, outlen, "a message relayed to rank %d to leave", p->dst);
+        free(p);
 }
 
-static void relay_done(weft__xfer *x)
+int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
+                     const weft__relay *relay, weft__pass **out)
 {
-    container_of(x, relay_xfer, x)->done = 1;
-}
+    weft__pass *p;
+    run *r;
+    int rc;
 
-static void relay_hdr_done(weft__xfer *x)
-{
-    relay_pass *p = container_of(x, relay_pass, rh.x);
-
-    p->rh.done = 1;
-    hdr_check(p->c, &p->err, p->rhdr, &p->want, p->src, -1);
-}
-
-static int relay_post(weft__ctx *c, int is_send, int peer, relay_xfer *rx,
-                      void *buf, size_t len, void (*done)(weft__xfer *))
-{
-    rx->x.done = done;
-    rx->x.buf = buf;
-    rx->x.len = len;
-    return is_send ? c->tpo->relay_send(c->tp, peer, &rx->x)
-                   : c->tpo->relay_recv(c->tp, peer, &rx->x);
-}
-
-int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
-                       void *recvbuf, int src, size_t nbytes, weft__op *direct)
-{
-    relay_pass p;
-    int rc = WEFT_OK;
-
-    memset(&p, 0, sizeof p);
-    p.c = c;
-    p.dst = dst;
-    p.src = src;
-    p.sh.done = p.sx.done = dst < 0;
-    p.rh.done = p.rx.done = src < 0;
-    if (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL) {
-        rc = weft__note(c, WEFT_ENOTSUP,
-                        "rank %d: %s: no wires to rank %d, and the %s "
-                        "transport cannot relay",
-                        c->rank, c->call.name, dst >= 0 ? dst : src,
-                        c->tpo->name);
-        goto free_op;
+    *out = NULL;
+    for (int l = 0; l < op->nlanes; l++)
+        if (op->lanes[l].steps == NULL) {
+            op_free_steps(op);
+            return start_error(c, k, WEFT_ENOMEM, "rank %d: %s: out of memory",
+                               c->rank, k->name);
+        }
+    if ((rc = engine_ensure(c)) != 0) {
+        op_free_steps(op);
+        return start_error(c, k, rc, "rank %d: %s: no memory for the engine",
+                           c->rank, k->name);
     }
-    if (dst >= 0) {
-        ophdr h = hdr_make(c, 0, TAG_RELAY, c->send_seq[dst]++, nbytes);
-        hdr_encode(p.shdr, &h);
-        rc = relay_post(c, 1, dst, &p.sh, p.shdr, HDR_BYTES, relay_done);
-        if (rc == 0)
-            rc = relay_post(c, 1, dst, &p.sx, (void *)(uintptr_t)sendbuf,
-                            nbytes, relay_done);
+    if (relay != NULL &&
+        (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL)) {
+        op_free_steps(op);
+        return start_error(c, k, WEFT_ENOTSUP,
+                           "rank %d: %s: no wires to rank %d, and the %s "
+                           "transport cannot relay",
+                           c->rank, k->name,
+                           relay->dst >= 0 ? relay->dst : relay->src,
+                           c->tpo->name);
     }
-    if (rc == 0 && src >= 0) {
-        p.want = hdr_make(c, 0, TAG_RELAY, c->recv_seq[src]++, nbytes);
-        rc = relay_post(c, 0, src, &p.rh, p.rhdr, HDR_BYTES, relay_hdr_done);
-        if (rc == 0)
-            rc = relay_post(c, 0, src, &p.rx, recvbuf, nbytes, relay_done);
+    for (int l = 0; l < op->nlanes; l++) {
+        const weft__lane *ln = &op->lanes[l];
+        int sw = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
+        int rw = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
+
+        if ((ln->send_peer >= 0 && sw == 0) ||
+            (ln->recv_peer >= 0 && rw == 0)) {
+            op_free_steps(op);
+            return start_error(c, k, WEFT_ENOTSUP,
+                               "rank %d: %s needs a direct link to peer %d, "
+                               "and this job has none",
+                               c->rank, k->name,
+                               sw == 0 && ln->send_peer >= 0 ? ln->send_peer
+                                                             : ln->recv_peer);
+        }
     }
-    /* The half that has wires of its own runs meanwhile, under the same
-     * deadline; the transport relays while it progresses. */
-    if (rc == 0 && direct != NULL)
-        rc = weft__engine_run(c, direct);
-    while (rc == 0 && p.err == 0 &&
-           !(p.sh.done && p.sx.done && p.rh.done && p.rx.done))
-        wait_once(c, describe_relay, &p, &rc);
-    if (rc == 0)
-        rc = p.err;
-    /* Also where the direct half failed before anything of its own moved
-     * (then the engine left the transport up): the relayed halves are
-     * posted and must not outlive the call. */
-    if (rc != 0)
-        op_failed(c, rc);
-free_op:
-    if (direct != NULL)
-        op_free_steps(direct);
-    return rc;
+    if ((p = c->eng->spare) != NULL) {
+        c->eng->spare = NULL;
+        memset(p, 0, sizeof *p);
+    } else if ((p = calloc(1, sizeof *p)) == NULL) {
+        op_free_steps(op);
+        return start_error(c, k, WEFT_ENOMEM, "rank %d: %s: out of memory",
+                           c->rank, k->name);
+    }
+    r = &p->r;
+    r->c = c;
+    r->k = k;
+    r->own = *op;
+    r->op = &r->own;
+    op->nlanes = 0; /* the steps are the pass's now */
+    op = &r->own;
+    r->frame = c->cfg->frame_bytes;
+    r->pass = k->passes++;
+    r->rdst = relay != NULL ? relay->dst : -1;
+    r->rsrc = relay != NULL ? relay->src : -1;
+    r->rl_sh.done = r->rl_sx.done = r->rdst < 0;
+    r->rl_rh.done = r->rl_rx.done = r->rsrc < 0;
+    for (int l = 0; l < op->nlanes; l++) {
+        const weft__lane *ln = &op->lanes[l];
+        int n;
+
+        r->sw[l] =
+            ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
+        r->rw[l] =
+            ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
+        n = r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
+        r->ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
+        if (r->ws[l] == NULL) {
+            engine_fail(r, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank,
+                        k->name);
+            break;
+        }
+        for (int w = 0; w < n; w++) {
+            r->ws[l][w].run = r;
+            r->ws[l][w].lane = l;
+            r->ws[l][w].w = w;
+            r->ws[l][w].d_step = -1;
+        }
+        for (int s = 0; s < ln->nsteps; s++) {
+            r->stotal[l] += ln->steps[s].send_len;
+            r->rtotal[l] += ln->steps[s].recv_len;
+        }
+        /* Collectives are matched by the call's number; point-to-point
+         * messages by their number between the pair, each way. */
+        r->sseq[l] = r->rseq[l] = k->seq;
+        if (k->kind == WEFT__OP_P2P) {
+            if (ln->send_peer >= 0)
+                r->sseq[l] = c->send_seq[ln->send_peer]++;
+            if (ln->recv_peer >= 0)
+                r->rseq[l] = c->recv_seq[ln->recv_peer]++;
+        }
+    }
+    if (r->err == 0) {
+        /* The relayed halves first, then the lanes: a check channel never
+         * shares a direction of a wire with a lane, and a check sent to a
+         * peer the lanes receive from then finds that wire read (no look
+         * for a close before it, tcp.c). */
+        if (relay != NULL)
+            post_relay(r, relay);
+        plan_checks(r);
+        for (int l = 0; l < op->nlanes && r->err == 0; l++)
+            pump_lane(r, l);
+        post_checks(r);
+    }
+    *out = p;
+    return WEFT_OK;
+}
+
+int weft__pass_test(const weft__pass *p)
+{
+    const run *r = &p->r;
+
+    if (r->err != 0)
+        return r->err;
+    if (!check_done(r) || !relay_done_all(r))
+        return WEFT__PENDING;
+    for (int l = 0; l < r->op->nlanes; l++)
+        if (!lane_done(r, l))
+            return WEFT__PENDING;
+    return WEFT_OK;
+}
+
+void weft__pass_end(weft__pass *p, int rc)
+{
+    run *r = &p->r;
+    weft__ctx *c = r->c;
+
+    if (rc == WEFT_OK)
+        rc = weft__pass_test(p);
+#ifndef NDEBUG
+    /* The design's invariant: an operation that ends has no frame in
+     * flight on any wire (a failed one is shut down below instead). */
+    for (int l = 0; rc == 0 && l < r->op->nlanes; l++)
+        for (int w = 0; w < (r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l]); w++)
+            assert(r->ws[l][w].s_count == 0 && r->ws[l][w].r_count == 0);
+#endif
+    if (rc != WEFT_OK) {
+        if (rc == WEFT__PENDING)
+            rc = WEFT_EABORTED;
+        /* Drop every frame in flight (none may touch the caller's buffers
+         * once we return) and fail the communicator. */
+        weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, r->k->name,
+                        weft_strerror(rc));
+        c->tpo->shutdown(c->tp);
+    }
+    pass_free(c, p);
 }

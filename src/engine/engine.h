@@ -22,9 +22,10 @@ struct weft__tp;
 struct weft__tp_ops;
 struct weft__engine;
 
-/* What every engine pass of the public call in progress shares, fixed once
- * when the call starts: its one deadline, and what ranks must agree on for
- * their calls to match (each pass's headers carry it). */
+/* What every engine pass of one public call shares, fixed once when the
+ * call starts: its one deadline, and what ranks must agree on for their
+ * calls to match (each pass's headers carry it). The call's task holds it
+ * (task.h). */
 typedef struct weft__call {
     uint64_t deadline_ms; /* weft__now_ms() clock */
     const char *name;     /* "all_reduce", ... for messages */
@@ -38,8 +39,8 @@ typedef struct weft__call {
 } weft__call;
 
 /* What the engine and the algorithms see of a communicator: its job, its
- * place in it, its one error record, the call in progress, and the
- * transport that moves its frames. The core keeps one in each weft_comm. */
+ * place in it, its one error record, and the transport that moves its
+ * frames. The core keeps one in each weft_comm. */
 typedef struct weft__ctx {
     const weft__config *cfg;
     int rank;
@@ -48,7 +49,6 @@ typedef struct weft__ctx {
     weft__errsink fail; /* the first failure; failed once fail.code != 0 */
     atomic_int aborted;
     char errmsg[WEFT__ERRMSG_LEN]; /* last non-failing error (bad args) */
-    weft__call call;
     struct weft__tp *tp;
     const struct weft__tp_ops *tpo;
     struct weft__engine *eng;
@@ -112,8 +112,9 @@ _Static_assert(WEFT__MAX_LANES >= WEFT__MESH_MAX_RANKS - 1,
  * ranks whose calls differ still meet and see it. */
 enum { WEFT__CHECK_LANES = 0, WEFT__CHECK_RING, WEFT__CHECK_ALL };
 
-/* One engine pass. What it is part of (kind, name, count, root, number)
- * is the call in progress (weft__ctx's call), which every header carries. */
+/* What one engine pass moves: lanes of steps. What it is part of (kind,
+ * name, count, root, number) is its call (weft__call), which every header
+ * carries. */
 typedef struct {
     int check; /* WEFT__CHECK_* */
     weft_dtype dtype;
@@ -123,34 +124,55 @@ typedef struct {
     weft__lane lanes[WEFT__MAX_LANES];
 } weft__op;
 
-/* Runs op to completion as one pass of the call in progress (c->call):
- * under the call's one deadline, with headers that carry what the call
- * must match on every rank. On failure the communicator is failed (its
- * error record holds the first cause), and the transport is shut down so
- * that no frame refers to the caller's buffers. */
-int weft__engine_run(weft__ctx *c, const weft__op *op);
+/* The halves of a point-to-point pass that go through the transport's
+ * relay (peers with no wires to this rank): nbytes of sendbuf to dst and
+ * nbytes from src into recvbuf; -1 leaves a half out. */
+typedef struct weft__relay {
+    const void *sendbuf;
+    int dst;
+    void *recvbuf;
+    int src;
+    size_t nbytes;
+} weft__relay;
+
+/* An engine pass in flight (engine.c). */
+typedef struct weft__pass weft__pass;
+
+/* Returned by weft__pass_test and the task functions while an operation
+ * has frames in flight (the WEFT_E* codes are negative). */
+#define WEFT__PENDING 1
 
 /* Builds an operation: op_init clears it, op_steps gives lane `lane`
- * nsteps zeroed steps (send_dep -1), and op_run runs it and frees the
- * steps (also when an allocation failed: then WEFT_ENOMEM). */
+ * nsteps zeroed steps (send_dep -1), or NULL when out of memory (then
+ * weft__pass_start reports WEFT_ENOMEM). */
 void weft__op_init(weft__op *op, weft_dtype dt, weft_redop redop);
 weft__step *weft__op_steps(weft__op *op, int lane, int nsteps);
-int weft__op_run(weft__ctx *c, weft__op *op);
 
-/* Point to point with ranks that have no wires to this one: sends nbytes
- * of sendbuf to dst and/or receives nbytes from src into recvbuf (-1: that
- * half is not relayed) through the transport's relay, while direct (NULL
- * or an operation for the halves that have wires) runs; frees direct's
- * steps. Same deadline and failure semantics as weft__engine_run. */
-int weft__engine_relay(weft__ctx *c, const void *sendbuf, int dst,
-                       void *recvbuf, int src, size_t nbytes, weft__op *direct);
+/* Starts op, and the relayed halves of relay (NULL: none), as the next
+ * pass of call k: posts the first frames and returns at once, never
+ * waiting. The pass takes op's steps (freed when it ends, also when it
+ * cannot start). An error found before anything of the call moved (the
+ * call's first pass: no direct link, no memory) leaves c usable; after
+ * that it fails c. On success *out is the pass, to be tested with
+ * weft__pass_test until it is no longer WEFT__PENDING, then ended. */
+int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
+                     const weft__relay *relay, weft__pass **out);
 
-/* Point to point (p2p.c): sends count elements of sendbuf to dst and at
- * the same time receives count elements from src into recvbuf; dst or src
- * -1 leaves that half out (a plain send or recv). Direct wires where the
- * peer has them, the relay where not. */
-int weft__sendrecv(weft__ctx *c, const void *sendbuf, int dst, void *recvbuf,
-                   int src, size_t count, weft_dtype dt);
+/* WEFT__PENDING while the pass has frames in flight, WEFT_OK once all
+ * completed (no frame in flight on any wire), or the error that failed it.
+ * Never blocks and runs no transport code: completions arrive while some
+ * thread runs the transport's progress (weft__pass_wait). */
+int weft__pass_test(const weft__pass *p);
+
+/* Sleeps in the transport until something happened, the call's deadline
+ * passed or weft_abort() was called; the last two (and a failed wire) fail
+ * the pass, with a message naming what it waited for. */
+void weft__pass_wait(weft__pass *p);
+
+/* Frees a pass. One that failed, or is abandoned while pending, fails the
+ * communicator with rc and shuts its transport down first, so that no
+ * frame refers to the caller's buffers once this returns. */
+void weft__pass_end(weft__pass *p, int rc);
 
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);

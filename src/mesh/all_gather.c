@@ -3,8 +3,10 @@
 
 #include <string.h>
 
-int weft__mesh_all_gather(weft__ctx *c, const weft__args *a)
+int weft__mesh_all_gather(weft__task *t)
 {
+    const weft__ctx *c = t->c;
+    const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
     char *rb = a->recvbuf, *own = rb + (size_t)c->rank * bytes;
     weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
@@ -13,5 +15,5 @@ int weft__mesh_all_gather(weft__ctx *c, const weft__args *a)
         memmove(own, a->sendbuf, bytes);
     for (int p = 0; p < c->nranks; p++)
         io[p] = (weft__peer_io){own, bytes, rb + (size_t)p * bytes, bytes};
-    return weft__mesh_exchange(c, a, io);
+    return weft__mesh_exchange(t, io);
 }

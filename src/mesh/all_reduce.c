@@ -1,5 +1,6 @@
 /* Mesh all_reduce, large counts: direct reduce-scatter, then all-gather;
- * see mesh.h. Small counts go through weft__gather_reduce. */
+ * see mesh.h. Small counts go through weft__gather_reduce. t->scratch
+ * holds every rank's copy of this rank's chunk, in rank order. */
 #include "mesh/mesh.h"
 
 #include "base/kernels.h"
@@ -7,36 +8,52 @@
 
 #include <string.h>
 
-int weft__mesh_all_reduce(weft__ctx *c, const weft__args *a)
+/* Reduces this rank's chunk, then sends it to every peer while theirs
+ * land in recvbuf. */
+static int all_gather(weft__task *t)
 {
-    const int n = c->nranks;
+    const weft__args *a = &t->a;
+    const int n = t->c->nranks;
     const size_t es = weft_dtype_size(a->dtype);
-    const weft__region mine = weft__plan_chunk(a->count, n, c->rank);
+    const weft__region mine = weft__plan_chunk(a->count, n, t->c->rank);
     const size_t mbytes = mine.len * es;
-    const char *sb = a->sendbuf;
-    char *rb = a->recvbuf, *parts;
+    char *rb = a->recvbuf;
     weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
-    int rc;
 
-    if ((rc = weft__scratch(c, mbytes * (size_t)n, (void **)&parts)) != 0)
-        return rc;
-    /* Reduce-scatter: chunk p of the input to rank p; every peer's chunk
-     * of this rank into parts. In place, recvbuf is not written before
-     * every chunk of sendbuf has left. */
-    for (int p = 0; p < n; p++) {
-        weft__region ch = weft__plan_chunk(a->count, n, p);
-        io[p] = (weft__peer_io){sb + ch.off * es, ch.len * es,
-                                parts + (size_t)p * mbytes, mbytes};
-    }
-    if ((rc = weft__mesh_exchange(c, a, io)) != 0)
-        return rc;
-    memcpy(parts + (size_t)c->rank * mbytes, sb + mine.off * es, mbytes);
-    weft__reduce_ranks(rb + mine.off * es, parts, n, mine.len, a->dtype, a->op);
-    /* All-gather: this rank's reduced chunk to every peer. */
+    memcpy(t->scratch + (size_t)t->c->rank * mbytes,
+           (const char *)a->sendbuf + mine.off * es, mbytes);
+    weft__reduce_ranks(rb + mine.off * es, t->scratch, n, mine.len, a->dtype,
+                       a->op);
     for (int p = 0; p < n; p++) {
         weft__region ch = weft__plan_chunk(a->count, n, p);
         io[p] = (weft__peer_io){rb + mine.off * es, mbytes, rb + ch.off * es,
                                 ch.len * es};
     }
-    return weft__mesh_exchange(c, a, io);
+    return weft__mesh_exchange(t, io);
+}
+
+int weft__mesh_all_reduce(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const int n = t->c->nranks;
+    const size_t es = weft_dtype_size(a->dtype);
+    const weft__region mine = weft__plan_chunk(a->count, n, t->c->rank);
+    const size_t mbytes = mine.len * es;
+    const char *sb = a->sendbuf;
+    weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
+    int rc;
+
+    if ((rc = weft__scratch(t->c, mbytes * (size_t)n, (void **)&t->scratch)) !=
+        0)
+        return rc;
+    /* Reduce-scatter: chunk p of the input to rank p; every peer's chunk
+     * of this rank into scratch. In place, recvbuf is not written before
+     * every chunk of sendbuf has left. */
+    for (int p = 0; p < n; p++) {
+        weft__region ch = weft__plan_chunk(a->count, n, p);
+        io[p] = (weft__peer_io){sb + ch.off * es, ch.len * es,
+                                t->scratch + (size_t)p * mbytes, mbytes};
+    }
+    t->next = all_gather;
+    return weft__mesh_exchange(t, io);
 }

@@ -1,12 +1,12 @@
 /* The mesh's one exchange with every peer; see mesh.h. */
 #include "mesh/mesh.h"
 
-int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
-                        const weft__peer_io *io)
+int weft__mesh_exchange(weft__task *t, const weft__peer_io *io)
 {
+    const weft__ctx *c = t->c;
     weft__op op;
 
-    weft__op_init(&op, a->dtype, a->op);
+    weft__op_init(&op, t->a.dtype, t->a.op);
     /* Every peer, whether or not this rank exchanges data with it: the
      * root of a broadcast, say, depends on the call. */
     op.check = WEFT__CHECK_ALL;
@@ -27,5 +27,5 @@ int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
         }
         op.nlanes++;
     }
-    return weft__op_run(c, &op);
+    return weft__task_pass(t, &op, NULL);
 }

@@ -14,20 +14,20 @@
  * direct all-gather of the reduced chunks. Each chunk is reduced on one
  * rank only and copied to the others, so every rank ends with the same
  * bits. */
-int weft__mesh_all_reduce(weft__ctx *c, const weft__args *a);
+int weft__mesh_all_reduce(weft__task *t);
 
 /* One exchange: this rank's block to every peer, every peer's block into
  * recvbuf. */
-int weft__mesh_all_gather(weft__ctx *c, const weft__args *a);
+int weft__mesh_all_gather(weft__task *t);
 
 /* Block p of sendbuf to rank p, every peer's copy of this rank's block
  * reduced in rank order. */
-int weft__mesh_reduce_scatter(weft__ctx *c, const weft__args *a);
+int weft__mesh_reduce_scatter(weft__task *t);
 
 /* Small: the root sends the buffer to every peer. Large: the root sends
  * chunk p to rank p, then the ranks all-gather the chunks, so the root's
  * links carry the buffer about once instead of n-1 times. */
-int weft__mesh_broadcast(weft__ctx *c, const weft__args *a);
+int weft__mesh_broadcast(weft__task *t);
 
 /* ---- shared by the mesh's files (exchange.c) ---- */
 
@@ -41,10 +41,9 @@ typedef struct weft__peer_io {
     size_t recv_len;
 } weft__peer_io;
 
-/* Runs one engine pass with a lane per peer that has something to send or
+/* Starts t's pass: one lane per peer that has something to send or
  * receive (io has nranks entries; this rank's own is ignored), comparing
  * the call with every peer. */
-int weft__mesh_exchange(weft__ctx *c, const weft__args *a,
-                        const weft__peer_io *io);
+int weft__mesh_exchange(weft__task *t, const weft__peer_io *io);
 
 #endif

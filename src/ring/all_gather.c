@@ -4,11 +4,11 @@
 
 #include <string.h>
 
-static void all_gather_fill(weft__ctx *c, const weft__ring_lane *rl,
-                            weft__lane *lane, weft__step *st, void *arg)
+static void all_gather_fill(const weft__task *t, const weft__ring_lane *rl,
+                            weft__lane *lane, weft__step *st)
 {
-    const weft__args *a = arg;
-    const int n = c->nranks;
+    const weft__args *a = &t->a;
+    const int n = t->c->nranks;
     const size_t es = weft_dtype_size(a->dtype), bytes = a->count * es;
     char *rb = a->recvbuf;
 
@@ -25,15 +25,16 @@ static void all_gather_fill(weft__ctx *c, const weft__ring_lane *rl,
     }
 }
 
-int weft__ring_all_gather(weft__ctx *c, const weft__args *a)
+int weft__ring_all_gather(weft__task *t)
 {
+    const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    char *own = (char *)a->recvbuf + (size_t)c->rank * bytes;
+    char *own = (char *)a->recvbuf + (size_t)t->c->rank * bytes;
 
     /* Every send reads recvbuf, so the rank's own block goes there first
      * (memmove: in the in-place forms the two may overlap). */
     if ((const char *)a->sendbuf != own)
         memmove(own, a->sendbuf, bytes);
-    return weft__ring_run(c, a, bytes * (size_t)c->nranks, c->nranks - 1,
-                          all_gather_fill, (void *)a);
+    return weft__ring_post(t, bytes * (size_t)t->c->nranks, t->c->nranks - 1,
+                           all_gather_fill);
 }

@@ -8,11 +8,11 @@
 
 #include "engine/plan.h"
 
-static void all_reduce_fill(weft__ctx *c, const weft__ring_lane *rl,
-                            weft__lane *lane, weft__step *st, void *arg)
+static void all_reduce_fill(const weft__task *t, const weft__ring_lane *rl,
+                            weft__lane *lane, weft__step *st)
 {
-    const weft__args *a = arg;
-    const int n = c->nranks;
+    const weft__args *a = &t->a;
+    const int n = t->c->nranks;
     const size_t es = weft_dtype_size(a->dtype);
     const char *sb = a->sendbuf;
     char *rb = a->recvbuf;
@@ -37,8 +37,8 @@ static void all_reduce_fill(weft__ctx *c, const weft__ring_lane *rl,
     }
 }
 
-int weft__ring_all_reduce(weft__ctx *c, const weft__args *a)
+int weft__ring_all_reduce(weft__task *t)
 {
-    return weft__ring_run(c, a, a->count * weft_dtype_size(a->dtype),
-                          2 * c->nranks - 2, all_reduce_fill, (void *)a);
+    return weft__ring_post(t, t->a.count * weft_dtype_size(t->a.dtype),
+                           2 * t->c->nranks - 2, all_reduce_fill);
 }

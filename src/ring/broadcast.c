@@ -2,10 +2,11 @@
  * chain each way around the ring, each carrying half of the buffer. */
 #include "ring/ring.h"
 
-static void broadcast_fill(weft__ctx *c, const weft__ring_lane *rl,
-                           weft__lane *lane, weft__step *st, void *arg)
+static void broadcast_fill(const weft__task *t, const weft__ring_lane *rl,
+                           weft__lane *lane, weft__step *st)
 {
-    const weft__args *a = arg;
+    const weft__ctx *c = t->c;
+    const weft__args *a = &t->a;
     const int n = c->nranks;
     const size_t es = weft_dtype_size(a->dtype);
     char *b = a->recvbuf;
@@ -28,8 +29,8 @@ static void broadcast_fill(weft__ctx *c, const weft__ring_lane *rl,
     }
 }
 
-int weft__ring_broadcast(weft__ctx *c, const weft__args *a)
+int weft__ring_broadcast(weft__task *t)
 {
-    return weft__ring_run(c, a, a->count * weft_dtype_size(a->dtype), 1,
-                          broadcast_fill, (void *)a);
+    return weft__ring_post(t, t->a.count * weft_dtype_size(t->a.dtype), 1,
+                           broadcast_fill);
 }

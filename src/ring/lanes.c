@@ -13,9 +13,11 @@ int weft__ring_real(int v, int n, int d)
     return d == 0 ? v : weft__ring_mod(n - v, n);
 }
 
-int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes, int nsteps,
-                   weft__ring_fill_fn fill, void *arg)
+int weft__ring_post(weft__task *t, size_t nbytes, int nsteps,
+                    weft__ring_fill_fn fill)
 {
+    const weft__ctx *c = t->c;
+    const weft__args *a = &t->a;
     const int n = c->nranks;
     weft__op op;
     size_t off = 0;
@@ -40,8 +42,8 @@ int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes, int nsteps,
         lane->recv_peer = (c->rank + (d == 0 ? n - 1 : 1)) % n;
         lane->tag = d;
         if (st != NULL)
-            fill(c, &rl, lane, st, arg);
+            fill(t, &rl, lane, st);
         off += rl.m;
     }
-    return weft__op_run(c, &op);
+    return weft__task_pass(t, &op, NULL);
 }

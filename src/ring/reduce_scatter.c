@@ -4,19 +4,13 @@
 
 #include <string.h>
 
-typedef struct {
-    const weft__args *a;
-    char *scratch;
-    int via_scratch;
-} rs_ctx;
-
-static void reduce_scatter_fill(weft__ctx *c, const weft__ring_lane *rl,
-                                weft__lane *lane, weft__step *st, void *arg)
+static void reduce_scatter_fill(const weft__task *t, const weft__ring_lane *rl,
+                                weft__lane *lane, weft__step *st)
 {
-    const rs_ctx *x = arg;
-    const int n = c->nranks;
-    const size_t es = weft_dtype_size(x->a->dtype), bytes = x->a->count * es;
-    const char *sb = x->a->sendbuf;
+    const weft__args *a = &t->a;
+    const int n = t->c->nranks;
+    const size_t es = weft_dtype_size(a->dtype), bytes = a->count * es;
+    const char *sb = a->sendbuf;
 
     (void)lane;
     for (int k = 0; k < n - 1; k++) {
@@ -28,23 +22,30 @@ static void reduce_scatter_fill(weft__ctx *c, const weft__ring_lane *rl,
         size_t ro = (size_t)rblk * bytes + rl->off * es;
         int last = k == n - 2;
 
-        st[k].send_buf = (k == 0 ? sb : x->scratch) + so;
+        st[k].send_buf = (k == 0 ? sb : t->scratch) + so;
         st[k].send_len = rl->m * es;
         st[k].send_dep = k - 1;
-        st[k].recv_dst = last && !x->via_scratch
-                             ? (char *)x->a->recvbuf + rl->off * es
-                             : x->scratch + ro;
+        st[k].recv_dst = last && !t->via_scratch
+                             ? (char *)a->recvbuf + rl->off * es
+                             : t->scratch + ro;
         st[k].recv_a = sb + ro;
         st[k].recv_len = rl->m * es;
     }
 }
 
-int weft__ring_reduce_scatter(weft__ctx *c, const weft__args *a)
+static int copy_result(weft__task *t)
 {
-    const int n = c->nranks;
-    const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    const char *sb = a->sendbuf, *rb = a->recvbuf;
-    rs_ctx x = {a, NULL, 0};
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+
+    memmove(t->a.recvbuf, t->scratch + (size_t)t->c->rank * bytes, bytes);
+    return WEFT_OK;
+}
+
+int weft__ring_reduce_scatter(weft__task *t)
+{
+    const int n = t->c->nranks;
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    const char *sb = t->a.sendbuf, *rb = t->a.recvbuf;
     int rc;
 
     /* Partial sums of other ranks' blocks live in scratch: sendbuf is the
@@ -53,13 +54,12 @@ int weft__ring_reduce_scatter(weft__ctx *c, const weft__args *a)
      * while sendbuf is still being sent: then the result lands in scratch
      * (at the own block, which no other step uses) and is copied at the
      * end. */
-    x.via_scratch = rb != sb + (size_t)c->rank * bytes &&
-                    rb < sb + bytes * (size_t)n && rb + bytes > sb;
-    if ((rc = weft__scratch(c, bytes * (size_t)n, (void **)&x.scratch)) != 0)
+    t->via_scratch = rb != sb + (size_t)t->c->rank * bytes &&
+                     rb < sb + bytes * (size_t)n && rb + bytes > sb;
+    if ((rc = weft__scratch(t->c, bytes * (size_t)n, (void **)&t->scratch)) !=
+        0)
         return rc;
-    rc =
-        weft__ring_run(c, a, bytes * (size_t)n, n - 1, reduce_scatter_fill, &x);
-    if (rc == WEFT_OK && x.via_scratch)
-        memmove(a->recvbuf, x.scratch + (size_t)c->rank * bytes, bytes);
-    return rc;
+    if (t->via_scratch)
+        t->next = copy_result;
+    return weft__ring_post(t, bytes * (size_t)n, n - 1, reduce_scatter_fill);
 }

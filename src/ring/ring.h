@@ -12,10 +12,10 @@
 
 #include "coll/coll.h"
 
-int weft__ring_all_reduce(weft__ctx *c, const weft__args *a);
-int weft__ring_all_gather(weft__ctx *c, const weft__args *a);
-int weft__ring_reduce_scatter(weft__ctx *c, const weft__args *a);
-int weft__ring_broadcast(weft__ctx *c, const weft__args *a);
+int weft__ring_all_reduce(weft__task *t);
+int weft__ring_all_gather(weft__task *t);
+int weft__ring_reduce_scatter(weft__task *t);
+int weft__ring_broadcast(weft__task *t);
 
 /* ---- shared by the ring's files (lanes.c) ---- */
 
@@ -27,16 +27,18 @@ typedef struct weft__ring_lane {
     size_t off; /* its first element in each block */
 } weft__ring_lane;
 
-/* Fills the steps st of one lane (whose peers are set; fill may change
- * them, as a broadcast does at the ends of its chain). */
-typedef void (*weft__ring_fill_fn)(weft__ctx *c, const weft__ring_lane *rl,
-                                   weft__lane *lane, weft__step *st, void *arg);
+/* Fills the steps st of one lane of t (whose peers are set; fill may
+ * change them, as a broadcast does at the ends of its chain). */
+typedef void (*weft__ring_fill_fn)(const weft__task *t,
+                                   const weft__ring_lane *rl, weft__lane *lane,
+                                   weft__step *st);
 
-/* Builds and runs a ring operation: one lane, or two (each way, each on
- * half of the `count` elements of a block) from cfg->bidir_min_bytes of
- * `nbytes` on, with `nsteps` steps each, filled by fill. */
-int weft__ring_run(weft__ctx *c, const weft__args *a, size_t nbytes, int nsteps,
-                   weft__ring_fill_fn fill, void *arg);
+/* Builds a ring operation and starts it as t's pass: one lane, or two
+ * (each way, each on half of the `count` elements of a block) from
+ * cfg->bidir_min_bytes of `nbytes` on, with `nsteps` steps each, filled by
+ * fill. */
+int weft__ring_post(weft__task *t, size_t nbytes, int nsteps,
+                    weft__ring_fill_fn fill);
 
 /* a mod n, in [0, n). */
 int weft__ring_mod(int a, int n);

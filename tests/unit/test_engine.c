@@ -1,6 +1,7 @@
 /*
  * The design's wire invariants, checked on the engine itself (not only on
- * the planner it calls): the real weft__engine_run drives a mock transport
+ * the planner it calls): a real engine pass, posted and waited for as the
+ * blocking calls do (task.h), drives a mock transport
  * that records every frame posted and completes one frame per progress()
  * call, so the engine reposts as frames complete. For W = 1..4 wires and
  * every size from 0 to several frames past W * depth * frame (and large
@@ -21,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine.h"
 #include "engine/plan.h"
+#include "engine/task.h"
 #include "transport/transport.h"
 
 #define FRAME 64
@@ -38,8 +39,8 @@ typedef struct {
 
 typedef struct {
     int W;
-    int is_send; /* the side under test: sender (1) or receiver (0) */
-    const char *buf;   /* the user buffer: data frames point into it */
+    int is_send;     /* the side under test: sender (1) or receiver (0) */
+    const char *buf; /* the user buffer: data frames point into it */
     size_t nbytes;
     size_t esize;
     size_t frame;
@@ -169,8 +170,7 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
                 mock_fail(m,
                           "n=%zu W=%d: the receiver wants %zu bytes on wire "
                           "%d, the sender put only %zu there",
-                          m->nbytes, m->W, m->taken[w] + x->len, w,
-                          m->slen[w]);
+                          m->nbytes, m->W, m->taken[w] + x->len, w, m->slen[w]);
                 return WEFT_ETRANSPORT;
             }
             memcpy(x->buf, m->stream[w] + m->taken[w], x->len);
@@ -181,8 +181,8 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
         x->done(x);
         return WEFT_OK;
     }
-    mock_fail(m, "n=%zu W=%d: the engine waits with nothing posted",
-              m->nbytes, m->W);
+    mock_fail(m, "n=%zu W=%d: the engine waits with nothing posted", m->nbytes,
+              m->W);
     return WEFT_ETRANSPORT;
 }
 
@@ -221,6 +221,9 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     weft__ctx c;
     weft__config cfg;
     uint32_t seq[2] = {0, 0}, rseq[2] = {0, 0};
+    weft__call k;
+    weft__args a = {0};
+    weft__task t;
     weft__op op;
     weft__step *st;
     int rc;
@@ -238,13 +241,13 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     c.recv_seq = rseq;
     c.tpo = &mock_ops;
     c.tp = (weft__tp *)m;
-    c.call = (weft__call){.deadline_ms = weft__now_ms() + 60000,
-                          .name = "test",
-                          .kind = WEFT__OP_P2P,
-                          .dtype = WEFT_INT32,
-                          .redop = -1,
-                          .root = -1,
-                          .count = n / 4};
+    k = (weft__call){.deadline_ms = weft__now_ms() + 60000,
+                     .name = "test",
+                     .kind = WEFT__OP_P2P,
+                     .dtype = WEFT_INT32,
+                     .redop = -1,
+                     .root = -1,
+                     .count = n / 4};
     m->is_send = is_send;
     m->buf = buf;
     m->nbytes = n;
@@ -268,13 +271,15 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
         st[0].recv_a = reduce ? buf : NULL;
         st[0].recv_len = n;
     }
-    rc = weft__engine_run(&c, &op);
-    free(st);
+    /* What the blocking calls run: the pass posted, then waited for. */
+    weft__task_init(&t, &c, &k, &a);
+    rc = weft__task_pass(&t, &op, NULL);
+    if (rc == WEFT_OK)
+        rc = weft__task_wait(&t);
     weft__engine_free(&c);
     cr_assert_eq(m->failure[0], '\0', "%s", m->failure);
     cr_assert_eq(rc, WEFT_OK, "n=%zu W=%d %s: %s: %s", n, m->W,
-                 is_send ? "send" : "recv", weft_err_name(rc),
-                 c.fail.msg);
+                 is_send ? "send" : "recv", weft_err_name(rc), c.fail.msg);
     for (int w = 0; w < m->W; w++)
         cr_assert(m->s[w].n == 0 && m->r[w].n == 0,
                   "n=%zu W=%d: frames in flight on wire %d after the "
@@ -304,11 +309,11 @@ static void check_size(int W, size_t n, size_t frame, int reduce)
                      "the sender put on wire %d",
                      n, W, m->taken[w], m->slen[w], w);
     for (size_t i = 0; i < n / 4; i++) {
-        int32_t want = reduce ? (int32_t)((uint32_t)(i * 2654435761u) +
-                                          (uint32_t)i)
-                              : sb[i];
-        cr_assert_eq(rb[i], want, "n=%zu W=%d: element %zu is %d, not %d",
-                     n, W, i, rb[i], want);
+        int32_t want =
+            reduce ? (int32_t)((uint32_t)(i * 2654435761u) + (uint32_t)i)
+                   : sb[i];
+        cr_assert_eq(rb[i], want, "n=%zu W=%d: element %zu is %d, not %d", n, W,
+                     i, rb[i], want);
     }
     for (int w = 0; w < MAXW; w++)
         free(m->stream[w]);
@@ -321,9 +326,8 @@ static void check_size(int W, size_t n, size_t frame, int reduce)
 static void every_size_small(int reduce)
 {
     for (int W = 1; W <= MAXW; W++)
-        for (size_t n = 0; n <= (size_t)W * WEFT__SEND_DEPTH * FRAME +
-                                    3 * FRAME;
-             n += 4)
+        for (size_t n = 0;
+             n <= (size_t)W * WEFT__SEND_DEPTH * FRAME + 3 * FRAME; n += 4)
             check_size(W, n, FRAME, reduce);
 }
 
@@ -340,7 +344,10 @@ Test(engine, every_size_small_reduced)
 Test(engine, large_awkward_sizes)
 {
     static const size_t sizes[] = {
-        (1u << 20) + 8, (3u << 20) - 4, (5u << 20) + 1020, (16u << 20) + 4,
+        (1u << 20) + 8,
+        (3u << 20) - 4,
+        (5u << 20) + 1020,
+        (16u << 20) + 4,
     };
     for (int W = 1; W <= MAXW; W++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {

@@ -1,0 +1,77 @@
+/* Tasks; see task.h. */
+#include "engine/task.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void weft__task_init(weft__task *t, weft__ctx *c, weft__call *k,
+                     const weft__args *a)
+{
+    memset(t, 0, sizeof *t);
+    t->c = c;
+    t->k = k;
+    t->a = *a;
+}
+
+int weft__task_pass(weft__task *t, weft__op *op, const weft__relay *relay)
+{
+    return weft__pass_start(t->c, t->k, op, relay, &t->pass);
+}
+
+int weft__task_sub(weft__task *t, const weft__args *a, weft__task_fn post)
+{
+    weft__task *s = malloc(sizeof *s);
+    int rc;
+
+    if (s == NULL)
+        return weft__set_error(t->c, WEFT_ENOMEM, "rank %d: %s: out of memory",
+                               t->c->rank, t->k->name);
+    weft__task_init(s, t->c, t->k, a);
+    if ((rc = post(s)) != WEFT_OK) {
+        free(s);
+        return rc;
+    }
+    t->sub = s;
+    return WEFT_OK;
+}
+
+int weft__task_progress(weft__task *t)
+{
+    for (;;) {
+        weft__task_fn next;
+        int rc = WEFT_OK;
+
+        if (t->sub != NULL) {
+            if ((rc = weft__task_progress(t->sub)) == WEFT__PENDING)
+                return rc;
+            free(t->sub);
+            t->sub = NULL;
+        } else if (t->pass != NULL) {
+            if ((rc = weft__pass_test(t->pass)) == WEFT__PENDING)
+                return rc;
+            weft__pass_end(t->pass, rc);
+            t->pass = NULL;
+        }
+        if (rc != WEFT_OK || t->next == NULL)
+            return rc;
+        next = t->next;
+        t->next = NULL;
+        if ((rc = next(t)) != WEFT_OK)
+            return rc;
+    }
+}
+
+int weft__task_wait(weft__task *t)
+{
+    int rc;
+
+    while ((rc = weft__task_progress(t)) == WEFT__PENDING) {
+        weft__task *in = t;
+
+        /* Only the innermost task has a pass in flight. */
+        while (in->sub != NULL)
+            in = in->sub;
+        weft__pass_wait(in->pass);
+    }
+    return rc;
+}

@@ -1,0 +1,70 @@
+/*
+ * Tasks: one public call in progress. An algorithm posts a task (starts
+ * its first engine pass, or a sub-task) and says what runs next; progress
+ * tests what is in flight and, once it completed, runs the next part,
+ * without ever waiting. All of a task's state lives in the task, so a
+ * blocking call (post, then wait) and a non-blocking one (post now,
+ * progress later, from any loop) run the same code.
+ */
+#ifndef WEFT_TASK_H
+#define WEFT_TASK_H
+
+#include "engine/engine.h"
+
+/* A call's arguments, as the public entry point took them. */
+typedef struct weft__args {
+    const void *sendbuf;
+    void *recvbuf; /* broadcast: the buffer */
+    size_t count;  /* reduce_scatter: the count each rank receives */
+    weft_dtype dtype;
+    weft_redop op;
+    int root;
+    int dst, src; /* point to point: the peers (-1: that half is out) */
+} weft__args;
+
+typedef struct weft__task weft__task;
+
+/* One part of a task: starts what it moves (weft__task_pass or
+ * weft__task_sub) and names the part that runs once that completed
+ * (t->next), or finishes. Returns WEFT_OK or the error; never waits. */
+typedef int (*weft__task_fn)(weft__task *t);
+
+struct weft__task {
+    weft__ctx *c;
+    weft__call *k; /* its call: deadline, and what ranks match on */
+    weft__args a;
+    weft__task_fn next; /* once pass (or sub) completed; NULL: done */
+    weft__pass *pass;   /* in flight, or NULL */
+    weft__task *sub;    /* a task this one waits for, or NULL */
+    /* The algorithm's own state between its parts. */
+    int round;
+    char *scratch;
+    int via_scratch;
+};
+
+/* Starts a task of call k with arguments a on c (nothing posted yet). */
+void weft__task_init(weft__task *t, weft__ctx *c, weft__call *k,
+                     const weft__args *a);
+
+/* Starts op as t's pass (see weft__pass_start). */
+int weft__task_pass(weft__task *t, weft__op *op, const weft__relay *relay);
+
+/* Starts a sub-task of the same call on arguments a with algorithm post;
+ * t waits for it as for a pass. */
+int weft__task_sub(weft__task *t, const weft__args *a, weft__task_fn post);
+
+/* Tests what t has in flight and runs its next parts while they complete:
+ * WEFT__PENDING while something is in flight, WEFT_OK once t is done, or
+ * the error that ended it (nothing is in flight then). Never waits. */
+int weft__task_progress(weft__task *t);
+
+/* Progresses t until it is done or failed, sleeping in the transport in
+ * between (under the call's deadline): the blocking calls' loop. */
+int weft__task_wait(weft__task *t);
+
+/* Point to point (p2p.c): posts the sendrecv of t->a: count elements of
+ * sendbuf to dst while count elements from src land in recvbuf. Direct
+ * wires where the peer has them, the relay where not. */
+int weft__sendrecv_post(weft__task *t);
+
+#endif
