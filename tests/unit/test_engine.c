@@ -51,7 +51,8 @@ typedef struct {
     char *stream[MAXW];
     size_t slen[MAXW], scap[MAXW], taken[MAXW];
     int turn;
-    char failure[256]; /* first broken invariant, "" if none */
+    int progress_calls; /* calls of mock_progress */
+    char failure[256];  /* first broken invariant, "" if none */
 } mock;
 
 static void mock_fail(mock *m, const char *fmt, ...)
@@ -150,6 +151,7 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
     mock *m = (mock *)t;
 
     (void)deadline_ms;
+    m->progress_calls++;
     if (m->failure[0] != '\0')
         return WEFT_ETRANSPORT;
     for (int i = 0; i < 2 * m->W; i++) {
@@ -273,7 +275,16 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     }
     /* What the blocking calls run: the pass posted, then waited for. */
     weft__task_init(&t, &c, &k, &a);
+    m->progress_calls = 0;
     rc = weft__task_pass(&t, &op, NULL);
+    /* Progress never waits and never runs the transport: with nothing
+     * completed, the task stays pending however often it is asked (a
+     * step of 0 bytes posts nothing, and is done at once). */
+    for (int i = 0; rc == WEFT_OK && n > 0 && i < 3; i++)
+        cr_assert_eq(weft__task_progress(&t), WEFT__PENDING,
+                     "n=%zu: a task with nothing completed is not pending", n);
+    cr_assert_eq(m->progress_calls, 0,
+                 "weft__task_progress ran the transport's progress()");
     if (rc == WEFT_OK)
         rc = weft__task_wait(&t);
     weft__engine_free(&c);
