@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../fifo.h"
 #include "harness.h"
 #include "weft.h"
 
@@ -929,14 +930,7 @@ static void expect_not_regular(const char *path)
 
 Test(env, hostfile_fifo, .timeout = 10)
 {
-    char dir[] = "/tmp/weft-fifo-XXXXXX", fifo[64];
-
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(fifo, sizeof fifo, "%s/hostfile", dir);
-    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
-    expect_not_regular(fifo);
-    unlink(fifo);
-    rmdir(dir);
+    with_fifo("hostfile", expect_not_regular);
 }
 
 Test(env, hostfile_directory, .timeout = 10)

@@ -7,6 +7,7 @@
  */
 #include <criterion/criterion.h>
 
+#include "../fifo.h"
 #include "topo/hostfile.h"
 
 #include <dirent.h>
@@ -644,14 +645,7 @@ static void expect_not_regular(const char *path)
 
 Test(bad, fifo, .timeout = 10)
 {
-    char dir[] = "/tmp/test_hostfile.XXXXXX", fifo[64];
-
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(fifo, sizeof fifo, "%s/hosts.json", dir);
-    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
-    expect_not_regular(fifo);
-    unlink(fifo);
-    rmdir(dir);
+    with_fifo("hosts.json", expect_not_regular);
 }
 
 Test(bad, directory, .timeout = 10)

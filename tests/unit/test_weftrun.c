@@ -13,6 +13,8 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include "../fifo.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -919,14 +921,7 @@ static void expect_not_regular(const char *path)
 
 Test(weftrun, hostfile_fifo_refused, .timeout = 30)
 {
-    char dir[] = "/tmp/test_weftrun.XXXXXX", fifo[64];
-
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(fifo, sizeof fifo, "%s/hosts.json", dir);
-    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo: %s", strerror(errno));
-    expect_not_regular(fifo);
-    unlink(fifo);
-    rmdir(dir);
+    with_fifo("hosts.json", expect_not_regular);
 }
 
 Test(weftrun, hostfile_directory_or_device_refused, .timeout = 30)
