@@ -77,7 +77,7 @@
  * the devices' async event fds and the TCP transport's fd (which wake()
  * makes readable), never past the deadline.
  */
-#include "transport/ib_budget.h"
+#include "transport/ib/budget.h"
 #include "transport/transport.h"
 
 #include "base/bytes.h"
