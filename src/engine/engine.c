@@ -838,7 +838,7 @@ int weft__engine_run(weft__ctx *c, const weft__op *op)
     }
     /* Lanes first: a check channel never shares a direction of a wire
      * with a lane, and a check sent to a peer the lanes receive from then
-     * finds that wire read (no look for a close before it, tcp.c). */
+     * finds that wire read (no look for a close before it, tcp/data.c). */
     plan_checks(&r);
     for (int l = 0; l < op->nlanes; l++)
         pump_lane(&r, l);
