@@ -7,10 +7,11 @@
  */
 #include "transport/ib/ib.h"
 
+#include "transport/common.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -487,6 +488,12 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
     return tp->err;
 }
 
+/* poll_once, as weft__tp_spin calls it. */
+static int spin_pass(void *arg)
+{
+    return poll_once(arg);
+}
+
 int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
 {
     ib_tp *tp = (ib_tp *)t;
@@ -503,16 +510,9 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: a completion
      * channel wake-up costs more than a short message takes. */
-    if (tp->spin_ns > 0) {
-        uint64_t t0 = weft__now_ns();
-        do {
-            sched_yield();
-            if ((rc = poll_once(tp)) != 0)
-                return rc;
-            if (tp->events != ev)
-                return WEFT_OK;
-        } while (weft__now_ns() - t0 < tp->spin_ns);
-    }
+    rc = weft__tp_spin(tp->spin_ns, spin_pass, tp, &tp->events, ev);
+    if (rc != 0)
+        return rc < 0 ? rc : WEFT_OK;
     for (;;) {
         if (weft__now_ms() >= deadline_ms)
             return WEFT_ETIMEDOUT;

@@ -6,6 +6,8 @@
  */
 #include "transport/ib/ib.h"
 
+#include "transport/common.h"
+
 #include <arpa/inet.h>
 #include <string.h>
 
@@ -247,8 +249,7 @@ static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
     if (tp->shut)
         return WEFT_EABORTED;
     if (p < 0 || p >= tp->nranks || wi < 0 || wi >= tp->peers[p].nwires)
-        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
-                          "rank %d: no wire %d to peer %d", tp->rank, wi, p);
+        return weft__tp_no_wire(tp->p->sink, tp->rank, p, wi);
     *out = &tp->peers[p].w[wi];
     return WEFT_OK;
 }

@@ -6,8 +6,9 @@
  */
 #include "transport/tcp/tcp.h"
 
+#include "transport/common.h"
+
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -379,8 +380,7 @@ static int post_target(tcp_tp *tp, int p, int w, conn **out)
     if (tp->err != 0)
         return tp->err;
     if (k == NULL || k->closing)
-        return weft__fail(tp->sink, WEFT_ETRANSPORT,
-                          "rank %d: no wire %d to peer %d", tp->rank, w, p);
+        return weft__tp_no_wire(tp->sink, tp->rank, p, w);
     *out = k;
     return WEFT_OK;
 }
@@ -460,11 +460,21 @@ static void tcp_handoff(tcp_tp *tp)
         weft__tcp_relay_forward(tp);
 }
 
+/* One turn of the loop that never blocks (weft__tp_spin). */
+static int spin_pass(void *arg)
+{
+    tcp_tp *tp = arg;
+
+    weft__tcp_run(tp, UV_RUN_NOWAIT);
+    return tp->err;
+}
+
 int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
 {
     tcp_tp *tp = (tcp_tp *)t;
     unsigned ev = tp->events;
     uint64_t now;
+    int rc;
 
     if (tp->probe) {
         /* A send waits to go to a wire nothing reads from: see first
@@ -484,18 +494,9 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: waking a
      * sleeping process costs more than a short message takes to arrive. */
-    if (tp->spin_ns > 0) {
-        uint64_t t0 = weft__now_ns();
-        do {
-            weft__tcp_run(tp, UV_RUN_NOWAIT);
-            if (tp->err != 0)
-                return tp->err;
-            if (tp->events != ev)
-                return WEFT_OK;
-            /* Oversubscribed, the peer we wait for may need this core. */
-            sched_yield();
-        } while (weft__now_ns() - t0 < tp->spin_ns);
-    }
+    rc = weft__tp_spin(tp->spin_ns, spin_pass, tp, &tp->events, ev);
+    if (rc != 0)
+        return rc < 0 ? rc : WEFT_OK;
     now = weft__now_ms();
     if (now >= deadline_ms)
         return WEFT_ETIMEDOUT;
