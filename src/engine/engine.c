@@ -1026,7 +1026,7 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
         /* The relayed halves first, then the lanes: a check channel never
          * shares a direction of a wire with a lane, and a check sent to a
          * peer the lanes receive from then finds that wire read (no look
-         * for a close before it, tcp.c). */
+         * for a close before it, tcp/data.c). */
         if (relay != NULL)
             post_relay(r, relay);
         plan_checks(r);

@@ -1006,10 +1006,10 @@ static void send_garbage(int fd, size_t nbytes, int all_ff)
     (void)s;
 }
 
-/* A hello exactly as the TCP transport's (src/transport/tcp.c: "WEFT",
- * version 1, from rank, to rank, link (loopback), wire, then the 16-byte
- * token, all in network byte order) from a rank that would really connect
- * to `to`, but with a token that is not the job's. */
+/* A hello exactly as the TCP transport's (src/transport/tcp/handshake.c:
+ * "WEFT", version 1, from rank, to rank, link (loopback), wire, then the
+ * 16-byte token, all in network byte order) from a rank that would really
+ * connect to `to`, but with a token that is not the job's. */
 static void send_wrong_token_hello(int fd, int to, int nranks)
 {
     unsigned char h[40];

@@ -1,6 +1,6 @@
-/* The ibverbs transport's device budget (src/transport/ib_budget.c): what
+/* The ibverbs transport's device budget (src/transport/ib/budget.c): what
  * the ranks of a host put on one device port, against its limits. */
-#include "transport/ib_budget.h"
+#include "transport/ib/budget.h"
 #include "weft.h"
 
 #include <criterion/criterion.h>

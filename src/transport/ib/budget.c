@@ -1,5 +1,5 @@
-/* Device budgets of the ibverbs transport; see ib_budget.h. */
-#include "transport/ib_budget.h"
+/* Device budgets of the ibverbs transport; see budget.h. */
+#include "transport/ib/budget.h"
 
 #include "weft.h"
 

@@ -1,0 +1,30 @@
+/* Code that is the same in every transport; see common.h. */
+#include "transport/common.h"
+
+#include <sched.h>
+
+int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire)
+{
+    return weft__fail(sink, WEFT_ETRANSPORT, "rank %d: no wire %d to peer %d",
+                      rank, wire, peer);
+}
+
+int weft__tp_spin(uint64_t spin_ns, int (*pass)(void *arg), void *arg,
+                  const unsigned *events, unsigned ev)
+{
+    uint64_t t0;
+    int rc;
+
+    if (spin_ns == 0)
+        return 0;
+    t0 = weft__now_ns();
+    do {
+        /* Oversubscribed, the peer we wait for may need this core. */
+        sched_yield();
+        if ((rc = pass(arg)) != 0)
+            return rc;
+        if (*events != ev)
+            return 1;
+    } while (weft__now_ns() - t0 < spin_ns);
+    return 0;
+}

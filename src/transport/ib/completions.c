@@ -1,0 +1,533 @@
+/*
+ * Failures and completions of the ibverbs transport, and its progress():
+ * the first failure recorded, the TCP side's news (a goodbye, a closed
+ * connection) kept aside and judged once what landed is handed over, every
+ * work completion checked, the devices' events, and the wait (spin, then
+ * sleep in poll()).
+ */
+#include "transport/ib/ib.h"
+
+#include "transport/common.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- errors ---- */
+
+/* Records the first failure of the transport (later ones are consequences,
+ * such as flushed requests) on the communicator. */
+void weft__ib_fail(ib_tp *tp, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    weft__tp_fail(tp->p->sink, &tp->err, err, fmt, ap);
+    va_end(ap);
+}
+
+const char *weft__ib_link_name(const ib_wire *w, char *buf, size_t len)
+{
+    if (w->link == WEFT__LINK_LOOPBACK)
+        snprintf(buf, len, "loopback");
+    else
+        snprintf(buf, len, "link %u", w->link);
+    return buf;
+}
+
+/* ---- completions ---- */
+
+static const char *wr_kind_name(int kind)
+{
+    switch (kind) {
+    case WR_DATA:
+        return "RDMA write";
+    case WR_CREDIT:
+        return "credit message";
+    default:
+        return "receive";
+    }
+}
+
+/* The peer whose leaving failed the TCP side (weft__tcp_lost_peer), or -1;
+ * -1 also where the failure was anything else (a relay connection), and
+ * tcp_wait_ms then judges without knowing the peer. Only peers with wires
+ * count: what a relayed peer sent went through the TCP side, which has
+ * failed. */
+static int tcp_lost_peer(const ib_tp *tp)
+{
+    int p = weft__tcp_lost_peer(tp->tcp);
+
+    if (p < 0 || p >= tp->nranks || p == tp->rank)
+        return -1;
+    /* With a relayed peer in the job, relays may be in flight through the
+     * failed TCP side, which the peer's wires do not show. */
+    for (int q = 0; q < tp->nranks; q++)
+        if (q != tp->rank && tp->peers[q].nwires == 0)
+            return -1;
+    return p;
+}
+
+/* Takes in the TCP side's news (a goodbye, a closed connection) before a
+ * failure is judged: a peer that finalized makes its queue pairs fail
+ * without that being an error here. Returns the TCP side's failure, which
+ * is kept aside (tcp_err, tcp_msg) rather than made this transport's own:
+ * poll_once judges it once what landed before it has been handed over.
+ * The TCP side records it in its own error record (tp->boot), never on the
+ * communicator's, so an operation that still succeeds leaves no failure
+ * behind it (the message reaches the communicator when it is judged). */
+static int tcp_news(ib_tp *tp)
+{
+    int rc;
+
+    if (tp->tcp_err != 0)
+        return tp->tcp_err;
+    rc = weft__tcp_poll(tp->tcp);
+    if (rc < 0) {
+        tp->tcp_err = rc;
+        tp->tcp_err_ms = tp->tcp_move_ms = weft__now_ms();
+        snprintf(tp->tcp_msg, sizeof tp->tcp_msg, "%s",
+                 tp->boot.code != 0 ? tp->boot.msg : weft_strerror(rc));
+        tp->tcp_lost = tcp_lost_peer(tp);
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "the TCP side failed (peer %d): %s; judged once what "
+                  "landed is handed over",
+                  tp->tcp_lost, tp->tcp_msg);
+        return rc;
+    }
+    if (rc > 0)
+        tp->events++;
+    return 0;
+}
+
+/* Judges the TCP side's failure that tcp_news kept aside: from now on it
+ * is this transport's, with the TCP side's message. */
+int weft__ib_tcp_judge(ib_tp *tp)
+{
+    weft__ib_fail(tp, tp->tcp_err, "%s", tp->tcp_msg);
+    return tp->err;
+}
+
+/* After the TCP side failed and everything on the CQ was handed over
+ * (poll_once): 0 when the failure is to be judged now, else how long at
+ * most to wait before asking again (ms).
+ *
+ * With the lost peer known, what this rank still waits for from it
+ * decides. Whatever it wrote before it completed an operation has landed
+ * and been handed over by now, so a receive still posted on one of its
+ * wires can never be filled, and a frame not yet written to it can never
+ * be delivered: judged at once. A frame written to it but not yet
+ * acknowledged may have arrived, and the peer may have completed its
+ * operation on it before it died: its device acknowledged the write
+ * before the peer's process even saw it land, so the acknowledgement is
+ * normally here long before the close. But the two travel apart (the
+ * acknowledgement through the RDMA device's deferred work, the close
+ * through the socket), and a guest whose virtual CPUs the host holds back
+ * can let the close overtake it: TCP_ACK_GRACE_MS covers that. Waiting
+ * for the write to fail instead is no bound: rxe retries a write to a
+ * queue pair that is gone for ever at IB_RETRY_CNT 7. A wire whose queue
+ * pair failed since completes nothing more either.
+ *
+ * What this rank waits for from the other peers does not count as long as
+ * it moves: an operation that they finish with the landed data succeeds.
+ * But the TCP side reports only its first failure, so a peer that goes
+ * after it (a survivor that failed on the loss and exited) is not seen
+ * going: once nothing has moved (no completion, no post) for TCP_QUIET_MS,
+ * the failure is judged whatever this rank waits for. That is also the
+ * whole rule where the lost peer is not known. */
+static int tcp_wait_ms(ib_tp *tp)
+{
+    uint64_t now = weft__now_ms();
+    uint64_t end = tp->tcp_move_ms + TCP_QUIET_MS;
+    uint64_t ack_end = tp->tcp_err_ms + TCP_ACK_GRACE_MS;
+
+    if (now >= end)
+        return 0;
+    for (int p = 0; tp->tcp_lost >= 0 && p < tp->nranks; p++) {
+        const ib_peer *pe = &tp->peers[p];
+
+        for (int i = 0; i < pe->nwires; i++) {
+            const ib_wire *w = &pe->w[i];
+            int busy =
+                w->rq_head != NULL || w->sq_head != NULL || w->wq_head != NULL;
+
+            if (w->dead && busy)
+                return 0;
+            if (p != tp->tcp_lost)
+                continue;
+            if (w->rq_head != NULL || w->sq_head != NULL)
+                return 0;
+            if (w->wq_head != NULL) {
+                if (now >= ack_end)
+                    return 0;
+                if (ack_end < end)
+                    end = ack_end;
+            }
+        }
+    }
+    return (int)(end - now);
+}
+
+/* A wire's queue pair failed (what: the request or event, detail: why).
+ * After a failure of the TCP side, or after its peer said goodbye, that is
+ * expected: the wire is dead (it sends no more) and the failure is judged
+ * elsewhere, once what landed on it has been handed over (tcp_wait_ms,
+ * left_check). Otherwise it fails the transport. */
+void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
+                          const char *detail)
+{
+    ib_tp *tp = w->tp;
+    char lname[32];
+
+    if (tp->shut || tp->err != 0 || w->dead)
+        return;
+    if (tcp_news(tp) != 0 || tp->peers[w->peer].left) {
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "wire %d to peer %d: %s failed after the peer %s: %s", w->w,
+                  w->peer, what, tp->tcp_err != 0 ? "was lost" : "left",
+                  detail);
+        w->dead = 1;
+        return;
+    }
+    weft__ib_fail(
+        tp, err,
+        "rank %d: %s to/from peer %d on wire %d (%s, device %s port %d, "
+        "address %s) failed: %s",
+        tp->rank, what, w->peer, w->w,
+        weft__ib_link_name(w, lname, sizeof lname), w->dev->name, w->dev->port,
+        w->addr, detail);
+}
+
+static void wc_failed(ib_wire *w, int kind, const struct ibv_wc *wc)
+{
+    char detail[160];
+
+    snprintf(detail, sizeof detail, "%s (status %d, vendor error 0x%x)",
+             ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
+    weft__ib_wire_failed(w, WEFT_ETRANSPORT, wr_kind_name(kind), detail);
+}
+
+static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
+{
+    ib_tp *tp = w->tp;
+    uint32_t imm = ntohl(wc->imm_data);
+    char detail[96];
+    int rc;
+
+    if (!tp->shut && (rc = weft__ib_post_recvs(w, 1)) != 0) {
+        weft__ib_wire_failed(w, WEFT_ETRANSPORT, "ibv_post_recv", strerror(rc));
+        return;
+    }
+    if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        /* A slot landed: the writes of a wire land in order, so it is the
+         * next slot of the ring. */
+        if (imm == 0 || imm > tp->slot_bytes ||
+            w->r_landed - w->r_consumed >= (uint64_t)tp->slots) {
+            snprintf(detail, sizeof detail,
+                     "a slot of %u bytes arrived with %llu unread "
+                     "(protocol error)",
+                     imm, (unsigned long long)(w->r_landed - w->r_consumed));
+            weft__ib_wire_failed(w, WEFT_ETRANSPORT, "receive", detail);
+            return;
+        }
+        w->r_len[w->r_landed % (uint64_t)tp->slots] = imm;
+        w->r_landed++;
+    } else if (wc->opcode == IBV_WC_RECV && (wc->wc_flags & IBV_WC_WITH_IMM)) {
+        /* Credits: the peer's count of consumed slots, modulo 2^32. */
+        uint64_t c = w->s_credit + (uint32_t)(imm - (uint32_t)w->s_credit);
+        if (c > w->s_posted) {
+            weft__ib_wire_failed(
+                w, WEFT_ETRANSPORT, "receive",
+                "credits for slots never written (protocol error)");
+            return;
+        }
+        w->s_credit = c;
+    } else {
+        snprintf(detail, sizeof detail,
+                 "unexpected completion opcode %d (protocol error)",
+                 (int)wc->opcode);
+        weft__ib_wire_failed(w, WEFT_ETRANSPORT, "receive", detail);
+        return;
+    }
+    tp->events++;
+    weft__ib_wire_kick(w);
+}
+
+static void wc_handle(ib_tp *tp, const struct ibv_wc *wc)
+{
+    ib_wire *w = (ib_wire *)(uintptr_t)(wc->wr_id & ~(uint64_t)WR_KIND_MASK);
+    int kind = (int)(wc->wr_id & WR_KIND_MASK);
+
+    switch (kind) {
+    case WR_DATA:
+        w->s_wr--;
+        break;
+    case WR_CREDIT:
+        w->s_wr--;
+        w->c_wr--;
+        break;
+    default:
+        w->r_wr--;
+        break;
+    }
+    if (tp->shut)
+        return;
+    if (wc->status != IBV_WC_SUCCESS) {
+        wc_failed(w, kind, wc);
+        return;
+    }
+    if (kind == WR_RECV) {
+        wc_recv(w, wc);
+        return;
+    }
+    if (kind == WR_DATA)
+        w->s_done++;
+    /* A free slot or send request: queued sends or credits may go. */
+    tp->events++;
+    weft__ib_wire_kick(w);
+}
+
+void weft__ib_cq_poll_all(ib_tp *tp)
+{
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next) {
+        struct ibv_wc wc[CQ_BATCH];
+        int n;
+
+        if (d->cq == NULL)
+            continue;
+        do {
+            n = ibv_poll_cq(d->cq, CQ_BATCH, wc);
+            for (int i = 0; i < n; i++)
+                wc_handle(tp, &wc[i]);
+        } while (n == CQ_BATCH);
+        if (n < 0 && !tp->shut)
+            weft__ib_fail(tp, WEFT_ETRANSPORT,
+                          "rank %d: ibv_poll_cq on RDMA device %s failed",
+                          tp->rank, d->name);
+    }
+}
+
+static void cq_events(ib_dev *d)
+{
+    struct ibv_cq *cq;
+    void *ctx;
+
+    /* The channel's fd is non-blocking: this takes what is there. */
+    while (ibv_get_cq_event(d->ch, &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        d->armed = 0;
+    }
+}
+
+static void async_events(ib_tp *tp, ib_dev *d)
+{
+    struct ibv_async_event ae;
+
+    while (ibv_get_async_event(d->ctx, &ae) == 0) {
+        const char *what = ibv_event_type_str(ae.event_type);
+
+        switch (ae.event_type) {
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+            weft__ib_wire_failed((ib_wire *)ae.element.qp->qp_context,
+                                 WEFT_ETRANSPORT, "queue pair", what);
+            break;
+        case IBV_EVENT_PORT_ERR:
+            /* A port of the device that this context does not use. */
+            if (ae.element.port_num != d->port)
+                break;
+            /* fall through */
+        case IBV_EVENT_CQ_ERR:
+        case IBV_EVENT_DEVICE_FATAL:
+            if (!tp->shut)
+                weft__ib_fail(tp, WEFT_ETRANSPORT,
+                              "rank %d: RDMA device %s port %d: %s (a cable "
+                              "pulled, or the device reset)",
+                              tp->rank, d->name, d->port, what);
+            break;
+        default:
+            weft__log(WEFT__LOG_INFO, tp->rank, "RDMA device %s: event %s",
+                      d->name, what);
+            break;
+        }
+        ibv_ack_async_event(&ae);
+    }
+}
+
+/* A peer that said goodbye sent everything it was going to before (its
+ * writes were acknowledged, so their completions are here already), and
+ * said per wire how many of this rank's slot writes had landed: a receive
+ * that what has landed cannot fill, a send not yet written, or one that
+ * the goodbye of its link does not cover, can never complete. */
+static void left_check(ib_tp *tp)
+{
+    char lname[32];
+
+    weft__ib_cq_poll_all(tp);
+    weft__ib_process_dirty(tp);
+    for (int p = 0; p < tp->nranks && tp->err == 0; p++) {
+        ib_peer *pe = &tp->peers[p];
+        if (!pe->left)
+            continue;
+        for (int i = 0; i < pe->nwires && tp->err == 0; i++) {
+            ib_wire *w = &pe->w[i];
+            int unsent = w->sq_head != NULL || (w->bye && w->wq_head != NULL);
+            if ((w->rq_head != NULL && w->r_consumed == w->r_landed) || unsent)
+                weft__ib_fail(
+                    tp, WEFT_EPEER,
+                    "rank %d: peer %d finalized while this rank still "
+                    "had frames to %s it on wire %d (%s, device %s)",
+                    tp->rank, p, unsent ? "send to" : "receive from", w->w,
+                    weft__ib_link_name(w, lname, sizeof lname), w->dev->name);
+        }
+    }
+}
+
+/* One pass that never blocks: completions, wires, the TCP side. */
+static int poll_once(ib_tp *tp)
+{
+    unsigned ev = tp->events;
+
+    weft__ib_cq_poll_all(tp);
+    weft__ib_process_dirty(tp);
+    if (tp->err != 0)
+        return tp->err;
+    if (tcp_news(tp) != 0) {
+        /* A peer's connection closed. What it wrote before it completed
+         * an operation was acknowledged before that completion, so its
+         * completions are on the CQ by now, even where the poll above just
+         * missed them: look once more, and hand over everything before
+         * judging, so that an operation it finishes still succeeds (as
+         * over TCP, where bytes sent before a close arrive before it). The
+         * caller looks at its operation after each pass that moved
+         * anything, and calls again if it still waits; a pass that moved
+         * nothing judges the failure once this rank waits for something
+         * from the lost peer that cannot come (tcp_wait_ms; weft__ib_block
+         * sleeps no longer than it says). */
+        weft__ib_cq_poll_all(tp);
+        weft__ib_process_dirty(tp);
+        if (tp->err != 0)
+            return tp->err;
+        if (tp->events != ev) {
+            tp->tcp_move_ms = weft__now_ms();
+            return WEFT_OK;
+        }
+        return tcp_wait_ms(tp) != 0 ? WEFT_OK : weft__ib_tcp_judge(tp);
+    }
+    if (tp->nleft > 0)
+        left_check(tp);
+    return tp->err;
+}
+
+/* Sleeps until a completion, a TCP event, a wake() or the deadline. */
+int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
+{
+    unsigned ev = tp->events;
+    struct pollfd pfd[1 + 2 * MAX_DEVS];
+    ib_dev *owner[1 + 2 * MAX_DEVS];
+    uint64_t now;
+    int n = 0, tmo, tt, rc;
+
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next) {
+        if (d->cq == NULL || d->armed)
+            continue;
+        if ((rc = ibv_req_notify_cq(d->cq, 0)) != 0) {
+            weft__ib_fail(tp, WEFT_ETRANSPORT,
+                          "rank %d: ibv_req_notify_cq on RDMA device %s: %s",
+                          tp->rank, d->name, strerror(rc));
+            return tp->err;
+        }
+        d->armed = 1;
+    }
+    /* Completions that arrived between the last poll and the arming raise
+     * no event: look once more before sleeping. */
+    if ((rc = poll_once(tp)) != 0)
+        return rc;
+    if (tp->events != ev)
+        return WEFT_OK;
+    now = weft__now_ms();
+    if (now >= deadline_ms)
+        return WEFT_OK;
+    tmo = deadline_ms - now > 60000 ? 60000 : (int)(deadline_ms - now);
+    tt = weft__tcp_timeout(tp->tcp);
+    if (tt >= 0 && tt < tmo)
+        tmo = tt;
+    if (tp->tcp_err != 0 && (tt = tcp_wait_ms(tp)) < tmo)
+        tmo = tt;
+    pfd[n].fd = weft__tcp_fd(tp->tcp);
+    pfd[n].events = POLLIN;
+    owner[n++] = NULL;
+    for (ib_dev *d = tp->devs; d != NULL && n + 2 <= 1 + 2 * MAX_DEVS;
+         d = d->next) {
+        if (d->cq == NULL)
+            continue;
+        pfd[n].fd = d->ch->fd;
+        pfd[n].events = POLLIN;
+        owner[n++] = d;
+        pfd[n].fd = d->ctx->async_fd;
+        pfd[n].events = POLLIN;
+        owner[n++] = d;
+    }
+    rc = poll(pfd, (nfds_t)n, tmo);
+    if (rc < 0 && errno != EINTR) {
+        weft__ib_fail(tp, WEFT_ETRANSPORT, "rank %d: poll: %s", tp->rank,
+                      strerror(errno));
+        return tp->err;
+    }
+    for (int i = 1; rc > 0 && i < n; i++) {
+        if (pfd[i].revents == 0)
+            continue;
+        if (pfd[i].fd == owner[i]->ch->fd)
+            cq_events(owner[i]);
+        else
+            async_events(tp, owner[i]);
+    }
+    return tp->err;
+}
+
+/* poll_once, as weft__tp_spin calls it. */
+static int spin_pass(void *arg)
+{
+    return poll_once(arg);
+}
+
+int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
+{
+    ib_tp *tp = (ib_tp *)t;
+    unsigned ev = tp->events;
+    int rc;
+
+    if (tp->err != 0)
+        return tp->err;
+    if (tp->shut)
+        return WEFT_EABORTED;
+    if ((rc = poll_once(tp)) != 0)
+        return rc;
+    if (tp->events != ev)
+        return WEFT_OK;
+    /* With a core to spare, poll a little before sleeping: a completion
+     * channel wake-up costs more than a short message takes. */
+    rc = weft__tp_spin(tp->spin_ns, spin_pass, tp, &tp->events, ev);
+    if (rc != 0)
+        return rc < 0 ? rc : WEFT_OK;
+    for (;;) {
+        if (weft__now_ms() >= deadline_ms)
+            return WEFT_ETIMEDOUT;
+        if ((rc = weft__ib_block(tp, deadline_ms)) != 0)
+            return rc;
+        if ((rc = poll_once(tp)) != 0)
+            return rc;
+        if (tp->events != ev)
+            return WEFT_OK;
+    }
+}
+
+void weft__ib_wake(weft__tp *t)
+{
+    /* The TCP transport's wake-up makes weft__tcp_fd() readable, which
+     * weft__ib_block() sleeps on. */
+    weft__tcp_ops.wake(((ib_tp *)t)->tcp);
+}

@@ -1,0 +1,437 @@
+/*
+ * Set-up and tear-down of the ibverbs transport: the TCP wires it
+ * bootstraps over (weft__tcp_create_wires), the plan of its wires, each
+ * wire's rings, registrations and queue pair, create(), shutdown() and
+ * destroy() (after the last writes are acknowledged and the goodbye said),
+ * and the ops table.
+ */
+#include "transport/ib/ib.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* ---- set-up ---- */
+
+/* The links joining this rank's host and peer p's, in the order the TCP
+ * transport numbers its wires: loopback for ranks of one host, else every
+ * link between the two hosts in hostfile order. */
+static int peer_links(const weft__config *cfg, int me, int p, uint32_t *out,
+                      int max)
+{
+    int hm = cfg->rank_host[me], hp = cfg->rank_host[p], n = 0;
+
+    if (hm == hp) {
+        out[0] = WEFT__LINK_LOOPBACK;
+        return 1;
+    }
+    for (int l = 0; l < cfg->nlinks; l++) {
+        const weft__link *lk = &cfg->links[l];
+        if (weft__link_joins(lk, hm, hp) && n < max)
+            out[n++] = (uint32_t)l;
+    }
+    return n;
+}
+
+/* Decides every wire: its link, device port and GID. */
+static int plan(ib_tp *tp)
+{
+    const weft__config *cfg = tp->p->cfg;
+    int W = tp->wires, rc;
+
+    tp->peers = calloc((size_t)tp->nranks, sizeof *tp->peers);
+    if (tp->peers == NULL)
+        return WEFT_ENOMEM;
+    for (int p = 0; p < tp->nranks; p++) {
+        ib_peer *pe = &tp->peers[p];
+        uint32_t links[WEFT__MAX_WIRES];
+        int n = p == tp->rank ? 0 : weft__tcp_ops.nwires(tp->tcp, p), nl;
+
+        if (n == 0)
+            continue;
+        nl = peer_links(cfg, tp->rank, p, links, WEFT__MAX_WIRES);
+        if (nl != n)
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: %d TCP wires to peer %d but %d "
+                              "links (internal error)",
+                              tp->rank, n, p, nl);
+        if (n * W > WEFT__MAX_WIRES)
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: %d wires to peer %d, more than "
+                              "%d",
+                              tp->rank, n * W, p, WEFT__MAX_WIRES);
+        pe->links = calloc((size_t)n, sizeof *pe->links);
+        pe->w = calloc((size_t)(n * W), sizeof *pe->w);
+        if (pe->links == NULL || pe->w == NULL)
+            return WEFT_ENOMEM;
+        pe->nlinks = n;
+        pe->nwires = n * W;
+        for (int i = 0; i < n; i++) {
+            ib_link *lk = &pe->links[i];
+
+            lk->tp = tp;
+            lk->peer = p;
+            lk->twire = i;
+            lk->link = links[i];
+            for (int k = 0; k < W; k++) {
+                ib_wire *w = &pe->w[i * W + k];
+
+                w->tp = tp;
+                w->peer = p;
+                w->w = i * W + k;
+                w->link = links[i];
+                if ((rc = weft__ib_wire_device(tp, links[i], w)) != 0)
+                    return rc;
+                w->dev->nqp++;
+            }
+        }
+    }
+    return WEFT_OK;
+}
+
+static int reg_failed(ib_tp *tp, const ib_dev *d, size_t bytes, int err)
+{
+    struct rlimit rl;
+    char lim[48] = "unknown";
+
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(lim, sizeof lim, "unlimited");
+        else
+            snprintf(lim, sizeof lim, "%llu bytes",
+                     (unsigned long long)rl.rlim_cur);
+    }
+    return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                      "rank %d: cannot register %zu bytes with RDMA "
+                      "device %s: %s (locked-memory limit: %s; raise "
+                      "it with ulimit -l, or lower WEFT_IB_SLOTS)",
+                      tp->rank, bytes, d->name, strerror(err), lim);
+}
+
+/* Rings, their registrations and the queue pair, moved to INIT, with its
+ * receives posted. */
+static int wire_setup(ib_tp *tp, ib_wire *w)
+{
+    ib_dev *d = w->dev;
+    size_t ring = tp->slot_bytes * (size_t)tp->slots;
+    struct ibv_qp_init_attr qia = {
+        .qp_context = w,
+        .send_cq = d->cq,
+        .recv_cq = d->cq,
+        .cap = {.max_send_wr = (uint32_t)tp->sq_depth,
+                .max_recv_wr = (uint32_t)tp->rq_depth,
+                .max_send_sge = 1,
+                .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC,
+        .sq_sig_all = 0,
+    };
+    struct ibv_qp_attr qa = {
+        .qp_state = IBV_QPS_INIT,
+        .pkey_index = 0,
+        .port_num = (uint8_t)d->port,
+        .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+    };
+    void *p;
+    int rc;
+
+    if (posix_memalign(&p, 4096, ring) != 0)
+        return WEFT_ENOMEM;
+    w->sring = p;
+    if (posix_memalign(&p, 4096, ring) != 0)
+        return WEFT_ENOMEM;
+    w->rring = p;
+    w->r_len = calloc((size_t)tp->slots, sizeof *w->r_len);
+    if (w->r_len == NULL)
+        return WEFT_ENOMEM;
+    if ((w->smr = ibv_reg_mr(d->pd, w->sring, ring, IBV_ACCESS_LOCAL_WRITE)) ==
+        NULL)
+        return reg_failed(tp, d, ring, errno);
+    if ((w->rmr = ibv_reg_mr(d->pd, w->rring, ring,
+                             IBV_ACCESS_LOCAL_WRITE |
+                                 IBV_ACCESS_REMOTE_WRITE)) == NULL)
+        return reg_failed(tp, d, ring, errno);
+    if ((w->qp = ibv_create_qp(d->pd, &qia)) == NULL)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_create_qp on RDMA device %s for "
+                          "wire %d to peer %d: %s",
+                          tp->rank, d->name, w->w, w->peer, strerror(errno));
+    if ((rc = ibv_modify_qp(w->qp, &qa,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                IBV_QP_ACCESS_FLAGS)) != 0)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: queue pair of wire %d to peer %d on "
+                          "%s: cannot move to INIT: %s",
+                          tp->rank, w->w, w->peer, d->name, strerror(rc));
+    /* Any 24-bit start will do; a different one per connection keeps a
+     * stale packet of an earlier job from looking current. */
+    w->psn = (uint32_t)((weft__now_ns() ^ ((uint64_t)(uintptr_t)w >> 4) ^
+                         ((uint64_t)getpid() << 8)) &
+                        0xffffff);
+    if ((rc = weft__ib_post_recvs(w, tp->rq_depth)) != 0)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: ibv_post_recv on %s: %s", tp->rank, d->name,
+                          strerror(rc));
+    return WEFT_OK;
+}
+
+static int ib_nwires(weft__tp *t, int p)
+{
+    ib_tp *tp = (ib_tp *)t;
+    return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
+}
+
+/* ---- tear-down ---- */
+
+static void ib_shutdown(weft__tp *t)
+{
+    ib_tp *tp = (ib_tp *)t;
+
+    if (tp == NULL)
+        return;
+    tp->shut = 1;
+    /* The queue pairs stop touching the rings and flush what they hold;
+     * the flushed completions are dropped. */
+    for (int p = 0; tp->peers != NULL && p < tp->nranks; p++)
+        for (int i = 0; i < tp->peers[p].nwires; i++) {
+            ib_wire *w = &tp->peers[p].w[i];
+            if (w->qp != NULL) {
+                struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+                int rc = ibv_modify_qp(w->qp, &a, IBV_QP_STATE);
+                if (rc != 0)
+                    weft__log(WEFT__LOG_WARN, tp->rank,
+                              "wire %d to peer %d: cannot move its queue "
+                              "pair to the error state: %s",
+                              w->w, w->peer, strerror(rc));
+            }
+            w->sq_head = w->sq_tail = NULL;
+            w->wq_head = w->wq_tail = NULL;
+            w->rq_head = w->rq_tail = NULL;
+            w->dirty = 0;
+            w->dirty_next = NULL;
+        }
+    tp->dirty = NULL;
+    if (tp->tcp != NULL)
+        weft__tcp_ops.shutdown(tp->tcp);
+}
+
+/* Before the goodbye: every write this rank made must be acknowledged, or
+ * the peer could miss the end of what it waits for once the queue pairs are
+ * gone. The frames of completed operations are acknowledged already (a
+ * send frame completes only then); what may be left are credit messages
+ * and the writes of frames that belonged to no operation. Bounded, since a
+ * peer that is stopped never acknowledges. */
+static void drain_writes(ib_tp *tp)
+{
+    int tmo =
+        tp->p->timeout_ms < DRAIN_MAX_MS ? tp->p->timeout_ms : DRAIN_MAX_MS;
+    uint64_t deadline = weft__now_ms() + (uint64_t)tmo;
+
+    for (;;) {
+        int busy = 0;
+
+        for (int p = 0; p < tp->nranks; p++)
+            for (int i = 0; i < tp->peers[p].nwires; i++) {
+                ib_wire *w = &tp->peers[p].w[i];
+                if (w->s_wr > 0 && !w->dead && !tp->peers[p].left)
+                    busy = 1;
+            }
+        /* A peer lost meanwhile (the TCP side failed): nothing is judged
+         * any more, and no goodbye can go. */
+        if (!busy || tp->err != 0 || tp->tcp_err != 0 ||
+            weft__now_ms() >= deadline)
+            break;
+        if (weft__ib_block(tp, deadline) != 0)
+            break;
+        weft__ib_cq_poll_all(tp);
+    }
+}
+
+static void ib_destroy(weft__tp *t)
+{
+    ib_tp *tp = (ib_tp *)t;
+    weft__sigpipe_state sp;
+    int rc;
+
+    if (tp == NULL)
+        return;
+    weft__sigpipe_block(&sp);
+    /* A TCP side that failed can carry no goodbye, judged or not. */
+    if (tp->ready && !tp->shut && tp->err == 0 && tp->tcp_err == 0) {
+        /* Frames still queued belong to no operation: drop them, with no
+         * callback, and send no more credits. */
+        for (int p = 0; p < tp->nranks; p++)
+            for (int i = 0; i < tp->peers[p].nwires; i++) {
+                ib_wire *w = &tp->peers[p].w[i];
+                w->sq_head = w->sq_tail = NULL;
+                w->wq_head = w->wq_tail = NULL;
+                w->rq_head = w->rq_tail = NULL;
+                w->r_returned = w->r_consumed;
+            }
+        tp->dirty = NULL;
+        drain_writes(tp);
+        weft__ib_say_bye(tp);
+    }
+    tp->shut = 1;
+    /* Reverse order of creation: queue pairs, memory regions and rings,
+     * then per device its CQ, completion channel, PD and context. */
+    for (int p = 0; tp->peers != NULL && p < tp->nranks; p++) {
+        ib_peer *pe = &tp->peers[p];
+        for (int i = 0; i < pe->nwires; i++) {
+            ib_wire *w = &pe->w[i];
+            if (w->qp != NULL && (rc = ibv_destroy_qp(w->qp)) != 0)
+                weft__log(WEFT__LOG_WARN, tp->rank,
+                          "ibv_destroy_qp (wire %d to peer %d): %s", w->w,
+                          w->peer, strerror(rc));
+            if (w->rmr != NULL && (rc = ibv_dereg_mr(w->rmr)) != 0)
+                weft__log(WEFT__LOG_WARN, tp->rank, "ibv_dereg_mr: %s",
+                          strerror(rc));
+            if (w->smr != NULL && (rc = ibv_dereg_mr(w->smr)) != 0)
+                weft__log(WEFT__LOG_WARN, tp->rank, "ibv_dereg_mr: %s",
+                          strerror(rc));
+            free(w->rring);
+            free(w->sring);
+            free(w->r_len);
+        }
+        for (int i = 0; i < pe->nlinks; i++) {
+            free(pe->links[i].out);
+            free(pe->links[i].in);
+        }
+        free(pe->w);
+        free(pe->links);
+    }
+    free(tp->peers);
+    while (tp->devs != NULL) {
+        ib_dev *d = tp->devs;
+        tp->devs = d->next;
+        /* Events were acknowledged as they were read (ibv_destroy_cq waits
+         * for that). */
+        if (d->cq != NULL && (rc = ibv_destroy_cq(d->cq)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_destroy_cq (%s): %s",
+                      d->name, strerror(rc));
+        if (d->ch != NULL && (rc = ibv_destroy_comp_channel(d->ch)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "ibv_destroy_comp_channel (%s): %s", d->name,
+                      strerror(rc));
+        if (d->pd != NULL && (rc = ibv_dealloc_pd(d->pd)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_dealloc_pd (%s): %s",
+                      d->name, strerror(rc));
+        if (d->ctx != NULL && (rc = ibv_close_device(d->ctx)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_close_device (%s): %s",
+                      d->name, strerror(rc));
+        free(d);
+    }
+    if (tp->devlist != NULL)
+        ibv_free_device_list(tp->devlist);
+    if (tp->tcp != NULL)
+        weft__tcp_ops.destroy(tp->tcp);
+    weft__sigpipe_restore(&sp);
+    free(tp);
+}
+
+static int ib_create_guarded(ib_tp *tp)
+{
+    uint64_t deadline;
+    int rc, ndev = 0;
+
+    /* One TCP connection per link, with its own error record (tp->boot,
+     * ib.h); a failure there during set-up is this transport's. */
+    tp->boot.rank = tp->rank;
+    tp->boot_p = *tp->p;
+    tp->boot_p.wires = 1;
+    tp->boot_p.sink = &tp->boot;
+    if ((rc = weft__tcp_create_wires(&tp->boot_p, &tp->tcp)) != 0)
+        return weft__fail(tp->p->sink, rc, "%s", tp->boot.msg);
+    /* weft_init's one deadline covers the TCP wires and this set-up
+     * alike. */
+    deadline = tp->p->deadline_ms;
+    tp->devlist = ibv_get_device_list(&tp->ndevices);
+    if (tp->devlist == NULL)
+        return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                          "rank %d: no RDMA devices: "
+                          "ibv_get_device_list: %s (is an RDMA driver "
+                          "loaded, or for Soft-RoCE, `rdma link add` "
+                          "done?)",
+                          tp->rank, strerror(errno));
+    if ((rc = plan(tp)) != 0)
+        return rc;
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next)
+        if (++ndev > MAX_DEVS)
+            return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                              "rank %d: wires on more than %d RDMA "
+                              "device ports",
+                              tp->rank, MAX_DEVS);
+    /* Every device's budget first: nothing is created on any of them
+     * when one cannot hold its share. */
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next)
+        if ((rc = weft__ib_dev_budget(tp, d)) != 0)
+            return rc;
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next)
+        if ((rc = weft__ib_dev_setup(tp, d)) != 0)
+            return rc;
+    for (int p = 0; p < tp->nranks; p++)
+        for (int i = 0; i < tp->peers[p].nwires; i++)
+            if ((rc = wire_setup(tp, &tp->peers[p].w[i])) != 0)
+                return rc;
+    if ((rc = weft__ib_exchange(tp, deadline)) != 0)
+        return rc;
+    tp->setup_pending = 0;
+    tp->ready = 1;
+    return WEFT_OK;
+}
+
+static int ib_create(const weft__tp_params *p, weft__tp **out)
+{
+    ib_tp *tp = calloc(1, sizeof *tp);
+    weft__sigpipe_state sp;
+    int rc, ndev = 0;
+
+    *out = NULL;
+    if (tp == NULL)
+        return WEFT_ENOMEM;
+    tp->p = p;
+    tp->rank = p->rank;
+    tp->nranks = p->nranks;
+    tp->wires = p->wires;
+    tp->slots = p->cfg->ib_slots;
+    tp->slot_bytes = p->cfg->ib_slot_bytes;
+    /* Send queue: a ring of writes plus credits (capped at credit_max);
+     * receive queue: a ring of writes plus the credits a peer may have in
+     * flight, with room to spare (a short one only costs an RNR retry). */
+    tp->credit_max = tp->slots + 2;
+    tp->sq_depth = tp->slots + tp->credit_max;
+    tp->rq_depth = 2 * tp->slots + 4;
+    tp->spin_ns = (uint64_t)p->cfg->spin_us * 1000u;
+    weft__sigpipe_block(&sp);
+    rc = ib_create_guarded(tp);
+    weft__sigpipe_restore(&sp);
+    if (rc != 0) {
+        if (tp->err == 0)
+            tp->err = rc;
+        ib_destroy((weft__tp *)tp);
+        return rc;
+    }
+    for (ib_dev *d = tp->devs; d != NULL; d = d->next)
+        ndev++;
+    weft__log(WEFT__LOG_DEBUG, tp->rank,
+              "ibverbs: %d device port(s), %d slots of %zu bytes per wire",
+              ndev, tp->slots, tp->slot_bytes);
+    *out = (weft__tp *)tp;
+    return WEFT_OK;
+}
+
+const weft__tp_ops weft__ibverbs_ops = {
+    .name = "ibverbs",
+    .create = ib_create,
+    .destroy = ib_destroy,
+    .nwires = ib_nwires,
+    .post_send = weft__ib_post_send,
+    .post_recv = weft__ib_post_recv,
+    .progress = weft__ib_progress,
+    .wake = weft__ib_wake,
+    .shutdown = ib_shutdown,
+    .relay_send = weft__ib_relay_send,
+    .relay_recv = weft__ib_relay_recv,
+};

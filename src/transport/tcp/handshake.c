@@ -1,0 +1,444 @@
+/*
+ * The TCP transport's handshake: accepting connections and connecting to
+ * the lower ranks, the hello with the job token, its answer and the
+ * acknowledgement, retries until the connect deadline, and the
+ * handshake's own deadlines (the housekeeping timer). A connection that is
+ * up is handed to the data path or the relay (conn_up).
+ */
+#include "transport/tcp/tcp.h"
+
+#include "base/bytes.h"
+
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+static conn *conn_new(tcp_tp *tp)
+{
+    conn *k = calloc(1, sizeof *k);
+
+    if (k == NULL)
+        return NULL;
+    k->tp = tp;
+    k->peer = -1;
+    k->wire = -1;
+    if (uv_tcp_init(&tp->loop, &k->h) != 0) {
+        free(k);
+        return NULL;
+    }
+    k->h.data = k;
+    tp->nopen++;
+    return k;
+}
+
+static void pending_remove(tcp_tp *tp, conn *k)
+{
+    for (conn **pp = &tp->pending; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == k) {
+            *pp = k->next;
+            k->next = NULL;
+            return;
+        }
+    }
+}
+
+static void tune_socket(conn *k)
+{
+    int sz = k->tp->cfg->sockbuf_bytes;
+
+    uv_tcp_nodelay(&k->h, 1);
+    /* A refusal (a capped system) only costs speed, so it is not an
+     * error. 0 leaves the buffers to the kernel's autotuning. */
+    if (sz > 0) {
+        uv_send_buffer_size((uv_handle_t *)&k->h, &sz);
+        sz = k->tp->cfg->sockbuf_bytes;
+        uv_recv_buffer_size((uv_handle_t *)&k->h, &sz);
+    }
+}
+
+static void housekeep_start(tcp_tp *tp)
+{
+    if (!uv_is_active((uv_handle_t *)&tp->housekeep) && !tp->shut)
+        uv_timer_start(&tp->housekeep, weft__tcp_housekeep_cb, RETRY_MS,
+                       RETRY_MS);
+}
+
+/* An outgoing connection in set-up broke (why): it is closed and tried
+ * again after RETRY_MS, until the connect deadline. */
+static void retry_later(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+
+    weft__log(WEFT__LOG_DEBUG, tp->rank,
+              "wire %d to peer %d (%s): %s; trying again", k->wire, k->peer,
+              k->name, why);
+    s->trying = NULL; /* k: only a connection in set-up is tried again */
+    s->next_try_ms = weft__now_ms() + RETRY_MS;
+    weft__tcp_conn_close(k);
+    housekeep_start(tp);
+}
+
+/* An accepted connection lost before it was up (the peer gave the attempt
+ * up): the slot it claimed is free again, for the peer's next attempt. */
+static void slot_lost(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+
+    weft__log(WEFT__LOG_DEBUG, tp->rank,
+              "wire %d from peer %d (%s) went away during set-up: %s", k->wire,
+              k->peer, k->name, why);
+    if (s->c == k)
+        s->c = NULL;
+    weft__tcp_conn_close(k);
+}
+
+static int token_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (int i = 0; i < WEFT__TOKEN_BYTES; i++)
+        d |= (uint8_t)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* Hello layout (network byte order): magic, version, from rank, to rank,
+ * link, wire on link, then the 16-byte token. */
+static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
+{
+    weft__put_be32(out, HELLO_MAGIC);
+    weft__put_be32(out + 4, HELLO_VERSION);
+    weft__put_be32(out + 8, (uint32_t)tp->rank);
+    weft__put_be32(out + 12, (uint32_t)to);
+    weft__put_be32(out + 16, s->link);
+    weft__put_be32(out + 20, s->lwire);
+    memcpy(out + 24, tp->cfg->token, WEFT__TOKEN_BYTES);
+}
+
+static void reject(conn *k, const char *why)
+{
+    tcp_tp *tp = k->tp;
+
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "rejected a connection from %s: %s (the job goes on)", k->name,
+              why);
+    pending_remove(tp, k);
+    weft__tcp_conn_close(k);
+}
+
+static void hs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    conn *k = h->data;
+    size_t want = k->state == CONN_HELLO_WAIT ? HELLO_BYTES
+                  : k->state == CONN_ACK_WAIT ? ACK_BYTES
+                                              : REPLY_BYTES;
+
+    (void)suggested;
+    /* Exactly the handshake: bytes after it belong to the data path. */
+    buf->base = (char *)k->hbuf + k->hgot;
+    buf->len = want - k->hgot;
+}
+
+static void reply_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+
+    weft__tcp_write_done(tp);
+    if (k->closing || tp->shut)
+        return;
+    if (status < 0 && k->state == CONN_ACK_WAIT)
+        /* The peer gave the attempt up: it tries again. */
+        slot_lost(k, uv_strerror(status));
+}
+
+/* An accepted connection's hello is complete: check and place it. */
+static void hello_done(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    uint32_t from = weft__get_be32(k->hbuf + 8);
+    uint32_t to = weft__get_be32(k->hbuf + 12);
+    uint32_t link = weft__get_be32(k->hbuf + 16);
+    uint32_t lwire = weft__get_be32(k->hbuf + 20);
+    uv_buf_t b;
+    slot *s = NULL;
+
+    if (weft__get_be32(k->hbuf) != HELLO_MAGIC)
+        return reject(k, "not a weft hello (bad magic)");
+    if (weft__get_be32(k->hbuf + 4) != HELLO_VERSION)
+        return reject(k, "unsupported protocol version");
+    if (!token_equal(k->hbuf + 24, tp->cfg->token))
+        return reject(k, "wrong job token (WEFT_JOB_TOKEN)");
+    if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
+        from <= (uint32_t)tp->rank)
+        return reject(k, "hello names ranks that do not connect here");
+    for (int w = 0; w < tp->peers[from].nslots; w++) {
+        slot *c = &tp->peers[from].s[w];
+        if (!c->outgoing && c->link == link && c->lwire == lwire)
+            s = c;
+    }
+    if (s == NULL)
+        return reject(k, "hello names a link or wire this rank does not have");
+    if (s->c != NULL)
+        return reject(k, "hello names a wire that is already connected");
+    pending_remove(tp, k);
+    k->peer = (int)from;
+    k->wire = (int)(s - tp->peers[from].s);
+    s->c = k;
+    /* Read on: the acknowledgement comes next, HANDSHAKE_MS at most. */
+    k->state = CONN_ACK_WAIT;
+    k->hgot = 0;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+    tune_socket(k);
+    weft__put_be32(k->out, REPLY_MAGIC);
+    weft__put_be32(k->out + 4, (uint32_t)tp->rank);
+    b = uv_buf_init((char *)k->out, REPLY_BYTES);
+    k->hreq.data = k;
+    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                        reply_write_cb) != 0)
+        slot_lost(k, "cannot answer its hello");
+}
+
+static void ack_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+
+    /* A failure shows on the wire's reads (the peer closed or reset). */
+    (void)status;
+    weft__tcp_write_done(k->tp);
+}
+
+/* A connection came up: it reads from now on, for good (a data wire
+ * into its read-ahead while no receive is posted), so that the peer's
+ * close is seen at once. */
+static void conn_up(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    int relay = tp->peers[k->peer].s[k->wire].relay;
+    int rc;
+
+    if (relay)
+        rc = uv_read_start((uv_stream_t *)&k->h, weft__tcp_relay_alloc_cb,
+                           weft__tcp_relay_read_cb);
+    else
+        rc = uv_read_start((uv_stream_t *)&k->h, weft__tcp_data_alloc_cb,
+                           weft__tcp_data_read_cb);
+    if (rc != 0) {
+        weft__tcp_fail(tp, WEFT_ETRANSPORT,
+                       "rank %d: cannot read the %s connection to %d: %s",
+                       tp->rank, relay ? "relay" : "data", k->peer,
+                       uv_strerror(rc));
+        return;
+    }
+    k->reading = !relay;
+}
+
+static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    conn *k = st->data;
+    tcp_tp *tp = k->tp;
+    uv_buf_t b;
+
+    (void)buf;
+    if (nread == 0)
+        return;
+    if (nread < 0) {
+        if (k->state == CONN_HELLO_WAIT)
+            return reject(k, nread == UV_EOF ? "closed before its hello"
+                                             : uv_strerror((int)nread));
+        if (k->state == CONN_ACK_WAIT)
+            return slot_lost(k, nread == UV_EOF
+                                    ? "closed before it acknowledged"
+                                    : uv_strerror((int)nread));
+        /* Closed or reset before it answered: the listener may be the
+         * peer's previous communicator, which rejects us or is going
+         * away. Its next one will answer. */
+        retry_later(k, nread == UV_EOF ? "closed before it answered"
+                                       : uv_strerror((int)nread));
+        return;
+    }
+    k->hgot += (size_t)nread;
+    if (k->state == CONN_HELLO_WAIT) {
+        /* Reject garbage as soon as its first word shows it. */
+        if (k->hgot >= 4 && weft__get_be32(k->hbuf) != HELLO_MAGIC)
+            return reject(k, "not a weft hello (bad magic)");
+        if (k->hgot == HELLO_BYTES)
+            hello_done(k);
+        return;
+    }
+    if (k->state == CONN_ACK_WAIT) {
+        if (k->hgot < ACK_BYTES)
+            return;
+        uv_read_stop(st);
+        if (weft__get_be32(k->hbuf) != ACK_MAGIC)
+            return slot_lost(k, "not a weft acknowledgement");
+        k->state = CONN_UP;
+        conn_up(k);
+        return;
+    }
+    if (k->hgot == REPLY_BYTES) {
+        uv_read_stop(st);
+        if (weft__get_be32(k->hbuf) != REPLY_MAGIC ||
+            weft__get_be32(k->hbuf + 4) != (uint32_t)k->peer) {
+            weft__tcp_fail(
+                tp, WEFT_EAUTH,
+                "rank %d: %s answered wire %d's hello wrongly: not rank "
+                "%d of this job",
+                tp->rank, k->name, k->wire, k->peer);
+            return;
+        }
+        /* Up on this side from here: the acknowledgement goes before any
+         * data, and a close from now on is the peer leaving. */
+        weft__put_be32(k->ack, ACK_MAGIC);
+        b = uv_buf_init((char *)k->ack, ACK_BYTES);
+        k->areq.data = k;
+        if (weft__tcp_write(tp, &k->areq, st, &b, 1, ack_write_cb) != 0) {
+            retry_later(k, "cannot acknowledge the answer");
+            return;
+        }
+        k->state = CONN_UP;
+        tp->peers[k->peer].s[k->wire].c = k;
+        tp->peers[k->peer].s[k->wire].trying = NULL;
+        conn_up(k);
+    }
+}
+
+void weft__tcp_on_connection(uv_stream_t *server, int status)
+{
+    tcp_tp *tp = server->data;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    conn *k;
+
+    if (status < 0 || tp->shut)
+        return;
+    k = conn_new(tp);
+    if (k == NULL)
+        return;
+    if (uv_accept(server, (uv_stream_t *)&k->h) != 0) {
+        weft__tcp_conn_close(k);
+        return;
+    }
+    strcpy(k->name, "?");
+    if (uv_tcp_getpeername(&k->h, (struct sockaddr *)&ss, &len) == 0 &&
+        ss.ss_family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        char ip[INET_ADDRSTRLEN];
+        uv_ip4_name(sin, ip, sizeof ip);
+        snprintf(k->name, sizeof k->name, "%s:%d", ip, ntohs(sin->sin_port));
+    }
+    k->state = CONN_HELLO_WAIT;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+    k->next = tp->pending;
+    tp->pending = k;
+    uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb);
+    housekeep_start(tp);
+}
+
+static void hello_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+
+    weft__tcp_write_done(k->tp);
+    if (status < 0 && !k->closing && !k->tp->shut &&
+        k->state == CONN_REPLY_WAIT)
+        retry_later(k, uv_strerror(status));
+}
+
+static void connect_cb(uv_connect_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+    uv_buf_t b;
+
+    if (k->closing || tp->shut)
+        return;
+    if (status < 0) {
+        /* The peer may not listen yet: try again until the deadline. */
+        retry_later(k, uv_strerror(status));
+        return;
+    }
+    tune_socket(k);
+    hello_pack(tp, k->out, k->peer, s);
+    b = uv_buf_init((char *)k->out, HELLO_BYTES);
+    k->hreq.data = k;
+    k->state = CONN_REPLY_WAIT;
+    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                        hello_write_cb) != 0 ||
+        uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
+        retry_later(k, "cannot send the hello");
+}
+
+static void start_connect(tcp_tp *tp, int p, int w)
+{
+    slot *s = &tp->peers[p].s[w];
+    struct sockaddr_in sa;
+    conn *k;
+
+    if (uv_ip4_addr(s->addr, s->port, &sa) != 0) {
+        weft__tcp_fail(tp, WEFT_ECONFIG, "rank %d: bad address %s for peer %d",
+                       tp->rank, s->addr, p);
+        return;
+    }
+    k = conn_new(tp);
+    if (k == NULL) {
+        weft__tcp_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+        return;
+    }
+    k->peer = p;
+    k->wire = w;
+    k->state = CONN_CONNECTING;
+    snprintf(k->name, sizeof k->name, "%s:%d", s->addr, s->port);
+    k->creq.data = k;
+    s->trying = k;
+    if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
+        0)
+        retry_later(k, "cannot start connecting");
+}
+
+void weft__tcp_housekeep_cb(uv_timer_t *t)
+{
+    tcp_tp *tp = t->data;
+    uint64_t now = weft__now_ms();
+    conn *k, *next;
+    int busy = 0;
+
+    if (tp->shut) {
+        uv_timer_stop(t);
+        return;
+    }
+
+    for (k = tp->pending; k != NULL; k = next) {
+        next = k->next;
+        if (now >= k->deadline_ms)
+            reject(k, "no hello within the handshake deadline");
+    }
+    for (int p = 0; p < tp->nranks; p++) {
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
+            slot *s = &tp->peers[p].s[w];
+            if (!s->outgoing && s->c != NULL && s->c->state == CONN_ACK_WAIT) {
+                busy = 1;
+                if (now >= s->c->deadline_ms)
+                    slot_lost(s->c, "no acknowledgement of the answer");
+                continue;
+            }
+            if (!s->outgoing || s->c != NULL)
+                continue;
+            busy = 1;
+            /* A listener that holds the hello without answering (the
+             * peer's previous communicator, with the connection in its
+             * backlog) is given HANDSHAKE_MS. */
+            if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
+                now >= s->trying->deadline_ms)
+                retry_later(s->trying, "no answer to its hello");
+            if (s->trying == NULL && now >= s->next_try_ms && tp->err == 0)
+                start_connect(tp, p, w);
+        }
+    }
+    if (!busy && tp->pending == NULL)
+        uv_timer_stop(t);
+}

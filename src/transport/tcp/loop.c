@@ -1,0 +1,79 @@
+/*
+ * Loop helpers of the TCP transport: libuv's runs and writes under the
+ * SIGPIPE guard, the record of the transport's first failure, closing a
+ * connection, and the timer that bounds a wait.
+ */
+#include "transport/tcp/tcp.h"
+
+#include <stdlib.h>
+
+/* SIGPIPE. libuv writes with plain write(), which raises SIGPIPE when the
+ * peer has gone, and that would kill the process. The transport's own
+ * writes use send(MSG_NOSIGNAL); libuv writes only inside uv_write() and,
+ * for requests still queued, inside uv_run(). Those two run under the
+ * SIGPIPE guard (weft__sigpipe_block), uv_run only while a request is
+ * queued, so a small operation pays no signal-mask system calls. */
+void weft__tcp_run(tcp_tp *tp, uv_run_mode mode)
+{
+    weft__sigpipe_state sp;
+
+    if (tp->uv_writes == 0) {
+        uv_run(&tp->loop, mode);
+        return;
+    }
+    weft__sigpipe_block(&sp);
+    uv_run(&tp->loop, mode);
+    weft__sigpipe_restore(&sp);
+}
+
+/* uv_write under the guard; every callback of such a request starts with
+ * weft__tcp_write_done(). */
+int weft__tcp_write(tcp_tp *tp, uv_write_t *req, uv_stream_t *s,
+                    const uv_buf_t *bufs, unsigned int n, uv_write_cb cb)
+{
+    weft__sigpipe_state sp;
+    int rc;
+
+    weft__sigpipe_block(&sp);
+    rc = uv_write(req, s, bufs, n, cb);
+    weft__sigpipe_restore(&sp);
+    if (rc == 0)
+        tp->uv_writes++;
+    return rc;
+}
+
+void weft__tcp_write_done(tcp_tp *tp)
+{
+    tp->uv_writes--;
+}
+
+void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    weft__tp_fail(tp->sink, &tp->err, err, fmt, ap);
+    va_end(ap);
+}
+
+static void conn_close_cb(uv_handle_t *h)
+{
+    conn *k = (conn *)h;
+    k->tp->nopen--;
+    free(k->rxb);
+    free(k->rdata);
+    free(k);
+}
+
+void weft__tcp_conn_close(conn *k)
+{
+    if (k->closing)
+        return;
+    k->closing = 1;
+    uv_close((uv_handle_t *)&k->h, conn_close_cb);
+}
+
+void weft__tcp_timer_cb(uv_timer_t *t)
+{
+    (void)t; /* waking uv_run is all it is for */
+}

@@ -1,0 +1,359 @@
+/*
+ * Set-up and tear-down of the TCP transport: which wires go to each peer
+ * (the hostfile's links, the relay connections), listening, waiting until
+ * every wire is up (weft__tcp_create_wires: the ibverbs transport opens
+ * its TCP wires through it too), shutdown and destroy, and the ops table.
+ */
+#include "transport/tcp/tcp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void async_cb(uv_async_t *a)
+{
+    ((tcp_tp *)a->data)->events++;
+}
+
+static int all_up(tcp_tp *tp)
+{
+    for (int p = 0; p < tp->nranks; p++)
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
+            conn *k = tp->peers[p].s[w].c;
+            if (k == NULL || k->state != CONN_UP)
+                return 0;
+        }
+    return 1;
+}
+
+/* Decides the wires to every peer from the hostfile: ranks on one host
+ * talk over loopback; ranks on different hosts over every link joining
+ * their hosts, `wires` connections on each, ordered by link index so both
+ * ends agree. */
+static int hosts_linked(const weft__config *cfg, int ha, int hb)
+{
+    if (ha == hb)
+        return 1;
+    for (int l = 0; l < cfg->nlinks; l++) {
+        const weft__link *lk = &cfg->links[l];
+        if (weft__link_joins(lk, ha, hb))
+            return 1;
+    }
+    return 0;
+}
+
+/* A job relays when some pair of ranks has no wires of its own: then each
+ * rank keeps one more connection to each ring neighbour, for relayed
+ * point-to-point traffic only. Every rank decides the same from the
+ * hostfile. */
+static int job_relays(const weft__config *cfg)
+{
+    if (cfg->nranks < 3)
+        return 0;
+    for (int a = 0; a < cfg->nhosts; a++)
+        for (int b = a + 1; b < cfg->nhosts; b++)
+            if (!hosts_linked(cfg, a, b))
+                return 1;
+    return 0;
+}
+
+static int plan_slots(tcp_tp *tp, int W)
+{
+    const weft__config *cfg = tp->cfg;
+    int relays = job_relays(cfg);
+    int right = (tp->rank + 1) % tp->nranks;
+    int left = (tp->rank + tp->nranks - 1) % tp->nranks;
+
+    tp->peers = calloc((size_t)tp->nranks, sizeof *tp->peers);
+    if (tp->peers == NULL)
+        return WEFT_ENOMEM;
+    for (int p = 0; p < tp->nranks; p++) {
+        int hp = cfg->rank_host[p], hm = cfg->rank_host[tp->rank], n = 0;
+        int lo = p < tp->rank ? p : tp->rank; /* the rank that listens */
+
+        if (p == tp->rank)
+            continue;
+        if (hp == hm)
+            n = W;
+        else
+            for (int l = 0; l < cfg->nlinks; l++) {
+                const weft__link *lk = &cfg->links[l];
+                if (weft__link_joins(lk, hp, hm))
+                    n += W;
+            }
+        if (n == 0)
+            continue;
+        if (n > WEFT__MAX_WIRES)
+            return weft__fail(tp->sink, WEFT_ECONFIG,
+                              "rank %d: %d wires to peer %d, more than %d",
+                              tp->rank, n, p, WEFT__MAX_WIRES);
+        tp->peers[p].s = calloc((size_t)n + 1, sizeof(slot));
+        if (tp->peers[p].s == NULL)
+            return WEFT_ENOMEM;
+        tp->peers[p].nwires = n;
+        tp->peers[p].nslots = n;
+        n = 0;
+        if (hp == hm) {
+            for (int w = 0; w < W; w++, n++) {
+                slot *s = &tp->peers[p].s[n];
+                s->link = WEFT__LINK_LOOPBACK;
+                s->lwire = (uint32_t)w;
+                strcpy(s->addr, "127.0.0.1");
+            }
+        } else {
+            for (int l = 0; l < cfg->nlinks; l++) {
+                const weft__link *lk = &cfg->links[l];
+                int lo_end;
+                if (!weft__link_joins(lk, hp, hm))
+                    continue;
+                lo_end = lk->end[0].host == cfg->rank_host[lo] ? 0 : 1;
+                for (int w = 0; w < W; w++, n++) {
+                    slot *s = &tp->peers[p].s[n];
+                    s->link = (uint32_t)l;
+                    s->lwire = (uint32_t)w;
+                    snprintf(s->addr, sizeof s->addr, "%s",
+                             lk->end[lo_end].addr);
+                }
+            }
+        }
+        if (relays && (p == left || p == right)) {
+            /* The relay connection runs on the neighbour's first wire's
+             * path (link and address). */
+            slot *s = &tp->peers[p].s[n];
+            *s = tp->peers[p].s[0];
+            s->link = LINK_RELAY;
+            s->lwire = 0;
+            s->relay = 1;
+            tp->relay[p == right ? 1 : 0] = s;
+            tp->peers[p].nslots = ++n;
+        }
+        for (int w = 0; w < n; w++) {
+            slot *s = &tp->peers[p].s[w];
+            s->outgoing = tp->rank > p;
+            s->port = weft__config_rank_port(cfg, lo);
+        }
+    }
+    return WEFT_OK;
+}
+
+/* Closes connections only (shutdown) or every handle (destroy). */
+static void walk_close_conns(uv_handle_t *h, void *arg)
+{
+    tcp_tp *tp = arg;
+    if (!uv_is_closing(h) && h->type == UV_TCP &&
+        h != (uv_handle_t *)&tp->listener)
+        weft__tcp_conn_close(h->data);
+}
+
+static void walk_close_all(uv_handle_t *h, void *arg)
+{
+    walk_close_conns(h, arg);
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* Frees a list of relayed chunks and their bytes. */
+static void rchunks_free(rchunk **head)
+{
+    while (*head != NULL) {
+        rchunk *c = *head;
+        *head = c->next;
+        free(c->data);
+        free(c);
+    }
+}
+
+static void tcp_shutdown(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+
+    if (tp == NULL)
+        return;
+    tp->shut = 1;
+    /* No more connect retries: the slots are emptied below, and a retry
+     * would open new connections while we wait for these to close. */
+    uv_timer_stop(&tp->housekeep);
+    /* A failed communicator takes no more connections: the peer's next
+     * communicator must not meet this one (it is refused and tries again
+     * until this process binds the port anew). */
+    if (tp->handles && !uv_is_closing((uv_handle_t *)&tp->listener))
+        uv_close((uv_handle_t *)&tp->listener, NULL);
+    for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
+            conn *k = tp->peers[p].s[w].c;
+            if (k != NULL) {
+                k->rq_head = k->rq_tail = NULL;
+                k->sq_head = k->sq_tail = NULL;
+                weft__tcp_conn_close(k);
+            }
+            tp->peers[p].s[w].c = NULL;
+        }
+    for (conn *k = tp->pending; k != NULL; k = k->next)
+        weft__tcp_conn_close(k);
+    tp->pending = NULL;
+    tp->dirty = NULL;
+    tp->rx_dirty = NULL;
+    tp->rrecv = NULL;
+    rchunks_free(&tp->rpending);
+    rchunks_free(&tp->fwd_head);
+    tp->fwd_tail = NULL;
+    /* Connections still connecting are not in any list: close them too. */
+    uv_walk(&tp->loop, walk_close_conns, tp);
+    /* Close callbacks (and cancelled writes) run in the next iteration; the
+     * bound only guards against a bug turning this into a spin. */
+    for (int i = 0; tp->nopen > 0 && i < 1000; i++)
+        weft__tcp_run(tp, UV_RUN_NOWAIT);
+    if (tp->nopen > 0)
+        weft__log(WEFT__LOG_ERROR, tp->rank,
+                  "%d connections did not close at shutdown", tp->nopen);
+}
+
+static void tcp_destroy(weft__tp *t)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    weft__sigpipe_state sp;
+
+    if (tp == NULL)
+        return;
+    if (tp->handles) {
+        weft__sigpipe_block(&sp);
+        tcp_shutdown(t);
+        uv_walk(&tp->loop, walk_close_all, tp);
+        weft__tcp_run(tp, UV_RUN_DEFAULT);
+        if (uv_loop_close(&tp->loop) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "libuv loop still busy at close");
+        weft__sigpipe_restore(&sp);
+    }
+    for (int p = 0; tp->peers != NULL && p < tp->nranks; p++)
+        free(tp->peers[p].s);
+    free(tp->peers);
+    while (tp->free_wreqs != NULL) {
+        wreq *w = tp->free_wreqs;
+        tp->free_wreqs = w->next;
+        free(w);
+    }
+    free(tp);
+}
+
+static int tcp_create_guarded(const weft__tp_params *p, weft__tp **out);
+
+int weft__tcp_create_wires(const weft__tp_params *p, weft__tp **out)
+{
+    weft__sigpipe_state sp;
+    int rc;
+
+    weft__sigpipe_block(&sp);
+    rc = tcp_create_guarded(p, out);
+    weft__sigpipe_restore(&sp);
+    return rc;
+}
+
+static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
+{
+    const weft__config *cfg = par->cfg;
+    weft__errsink *sink = par->sink;
+    tcp_tp *tp = calloc(1, sizeof *tp);
+    struct sockaddr_in sa;
+    uint64_t deadline;
+    int rc, port;
+
+    *out = NULL;
+    if (tp == NULL)
+        return WEFT_ENOMEM;
+    tp->cfg = cfg;
+    tp->sink = sink;
+    tp->lost_peer = -1;
+    tp->rank = par->rank;
+    tp->nranks = par->nranks;
+    if ((rc = plan_slots(tp, par->wires)) != 0)
+        goto fail;
+    if (uv_loop_init(&tp->loop) != 0) {
+        rc = weft__fail(sink, WEFT_ETRANSPORT, "cannot create a libuv loop");
+        goto fail;
+    }
+    uv_timer_init(&tp->loop, &tp->timer);
+    uv_timer_init(&tp->loop, &tp->housekeep);
+    tp->housekeep.data = tp;
+    uv_async_init(&tp->loop, &tp->async, async_cb);
+    tp->async.data = tp;
+    tp->spin_ns = (uint64_t)cfg->spin_us * 1000u;
+    uv_tcp_init(&tp->loop, &tp->listener);
+    tp->listener.data = tp;
+    tp->handles = 1;
+
+    if (tp->nranks > 1) {
+        /* One host: loopback only, nothing reachable from outside. */
+        port = weft__config_rank_port(cfg, tp->rank);
+        uv_ip4_addr(cfg->nhosts == 1 ? "127.0.0.1" : "0.0.0.0", port, &sa);
+        rc = uv_tcp_bind(&tp->listener, (struct sockaddr *)&sa, 0);
+        if (rc == 0)
+            rc = uv_listen((uv_stream_t *)&tp->listener, 128,
+                           weft__tcp_on_connection);
+        if (rc != 0) {
+            rc = weft__fail(sink, WEFT_ETRANSPORT,
+                            "rank %d: cannot listen on port %d: %s (is "
+                            "another job using it? set \"port\" or "
+                            "\"ports\" in %s)",
+                            tp->rank, port, uv_strerror(rc),
+                            cfg->hostfile[0] ? cfg->hostfile : "the hostfile");
+            goto fail;
+        }
+    }
+    /* weft_init's one deadline, whatever else set-up takes after this. */
+    deadline = par->deadline_ms;
+    uv_timer_start(&tp->housekeep, weft__tcp_housekeep_cb, 0, RETRY_MS);
+    while (!all_up(tp)) {
+        if (tp->err != 0) {
+            rc = tp->err;
+            goto fail;
+        }
+        if (weft__now_ms() >= deadline) {
+            char missing[256] = "";
+            size_t len = 0;
+            for (int p = 0; p < tp->nranks && len < sizeof missing - 16; p++)
+                for (int w = 0; w < tp->peers[p].nslots; w++)
+                    if (tp->peers[p].s[w].c == NULL ||
+                        tp->peers[p].s[w].c->state != CONN_UP) {
+                        len += (size_t)snprintf(missing + len,
+                                                sizeof missing - len, " %d", p);
+                        break;
+                    }
+            rc = weft__fail(sink, WEFT_ETIMEDOUT,
+                            "rank %d: peers%s not connected within "
+                            "WEFT_CONNECT_TIMEOUT_MS=%d ms",
+                            tp->rank, missing, cfg->connect_timeout_ms);
+            goto fail;
+        }
+        uv_timer_start(&tp->timer, weft__tcp_timer_cb,
+                       deadline - weft__now_ms(), 0);
+        weft__tcp_run(tp, UV_RUN_ONCE);
+    }
+    uv_timer_stop(&tp->timer);
+    *out = (weft__tp *)tp;
+    return WEFT_OK;
+
+fail:
+    tcp_destroy((weft__tp *)tp);
+    return rc;
+}
+
+static int tcp_nwires(weft__tp *t, int p)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
+}
+
+const weft__tp_ops weft__tcp_ops = {
+    .name = "tcp",
+    .create = weft__tcp_create_wires,
+    .destroy = tcp_destroy,
+    .nwires = tcp_nwires,
+    .post_send = weft__tcp_post_send,
+    .post_recv = weft__tcp_post_recv,
+    .progress = weft__tcp_progress,
+    .wake = weft__tcp_wake,
+    .shutdown = tcp_shutdown,
+    .relay_send = weft__tcp_relay_send,
+    .relay_recv = weft__tcp_relay_recv,
+};

@@ -1,0 +1,240 @@
+/*
+ * TCP transport on libuv: what the files of src/transport/tcp/ share (its
+ * constants, connections, wire slots and the transport itself, and what one
+ * file calls in another). Only they include this header: the engine sees
+ * the transport through its ops table (weft__tcp_ops), the ibverbs
+ * transport through the weft__tcp_* calls of transport.h.
+ *
+ * The files: loop.c (libuv under the SIGPIPE guard, failures, closing a
+ * connection), data.c (posting, reading, writing, progress), handshake.c
+ * (accepting, connecting, the hello and its retries), relay.c (messages
+ * relayed around the ring), setup.c (which wires, listening, set-up and
+ * tear-down, the ops table).
+ *
+ * Each wire is one TCP connection. The higher rank of a pair connects to the
+ * lower one's port, once per wire, and opens with a hello that carries the
+ * job token, both ranks, the link and the wire index; the acceptor places
+ * the connection by those fields (never by arrival order) and answers. A
+ * connection whose hello is wrong, garbage, or missing after a while is
+ * logged and closed; the job goes on.
+ *
+ * Receives land directly in the buffer of the oldest posted frame of the
+ * wire (libuv's alloc callback hands out exactly the bytes that frame still
+ * needs), so a stream never spills one operation's bytes into another's
+ * buffer. Bytes that arrive before their receive is posted wait in a
+ * read-ahead buffer.
+ *
+ * Liveness: every wire reads from the moment it is up, so a peer's close
+ * (or reset) is noticed whenever this rank runs progress(), not only while
+ * it waits to receive. What the peer sent before it closed is still handed
+ * to the receives that want it; the close counts (WEFT_EPEER) once a
+ * receive wants more than arrived, or a send is posted to that peer. A
+ * send to a wire with no receive posted on it first looks for news on
+ * every wire (one non-blocking turn of the loop), so a send to a peer that
+ * left long ago fails instead of vanishing into the kernel's buffer.
+ *
+ * Set-up: a connection that breaks before both ends are up is tried again
+ * until the connect deadline: the other end may be the peer's previous
+ * communicator, still alive and holding the port, which rejects it (its
+ * slots are taken) or lets it sit in its backlog (the answer is awaited
+ * HANDSHAKE_MS, then the connection is tried again). A communicator that
+ * failed stops listening at once, so the peer's new one is refused until
+ * the process binds the port anew.
+ *
+ * Everything runs on the calling thread inside progress(); there is no
+ * background thread. weft_abort() reaches a blocked progress() through a
+ * uv_async_t.
+ */
+
+#ifndef WEFT_TRANSPORT_TCP_H
+#define WEFT_TRANSPORT_TCP_H
+
+#include "transport/transport.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define HELLO_MAGIC 0x54464557u /* "WEFT" */
+#define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
+#define HELLO_VERSION 2u
+#define HELLO_BYTES 40
+#define REPLY_BYTES 8
+#define ACK_MAGIC 0x4b414657u /* "WFAK" */
+#define ACK_BYTES 4
+#define LINK_RELAY 0xfffffffeu  /* the relay connection to a neighbour */
+#define RELAY_MAGIC 0x4c524657u /* "WFRL" */
+#define RELAY_HDR 24
+#define RELAY_CHUNK (256 * 1024)
+#define HANDSHAKE_MS 5000
+#define RX_CAP (256 * 1024)       /* read-ahead per connection */
+#define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
+#define RETRY_MS 25
+
+typedef struct tcp_tp tcp_tp;
+
+/* A connection's set-up: the dialling side connects, sends its hello and
+ * waits for the answer (REPLY_WAIT), then acknowledges it and is up; the
+ * listening side waits for the hello, claims the slot it names, answers,
+ * and is up once the acknowledgement arrives (ACK_WAIT). Only a connection
+ * that breaks before it is up on its side is tried again (or its slot
+ * freed): once up, a close is the peer leaving, as on any wire. */
+enum {
+    CONN_HELLO_WAIT,
+    CONN_CONNECTING,
+    CONN_REPLY_WAIT,
+    CONN_ACK_WAIT,
+    CONN_UP
+};
+
+typedef struct conn {
+    uv_tcp_t h;
+    tcp_tp *tp;
+    int state;
+    int peer;
+    int wire;
+    int reading;
+    int closing;
+    uint64_t deadline_ms; /* handshake deadline (hello or answer) */
+    uint8_t hbuf[HELLO_BYTES];
+    size_t hgot;
+    uint8_t out[HELLO_BYTES]; /* hello or reply being written */
+    uv_write_t hreq;
+    uv_write_t areq; /* the acknowledgement (dialling side) */
+    uint8_t ack[ACK_BYTES];
+    uv_connect_t creq;
+    weft__xfer *rq_head; /* posted receives, oldest first */
+    weft__xfer *rq_tail;
+    weft__xfer *sq_head; /* posted sends not yet handed to libuv */
+    weft__xfer *sq_tail;
+    int dirty; /* in tp->dirty: has queued sends */
+    struct conn *dirty_next;
+    /* Bytes read ahead of the posted receives: a wire keeps reading once
+     * started (restarting a read costs epoll_ctl calls on every frame),
+     * and small frames arrive several to a read. */
+    char *rxb;
+    size_t rx_lo, rx_hi; /* unread bytes are rxb[rx_lo, rx_hi) */
+    int rx_direct;       /* the current read lands in the head receive */
+    int rx_end;          /* the stream ended: 0, UV_EOF or an error */
+    int rx_dirty;        /* in tp->rx_dirty: read-ahead to hand out */
+    struct conn *rx_next;
+    /* A relay connection reads chunks: a header, then its bytes. */
+    uint8_t rhdr[RELAY_HDR];
+    size_t rhgot;
+    char *rdata;
+    size_t rdlen, rdgot;
+    struct conn *next; /* in tp->pending while the handshake runs */
+    char name[96];     /* "127.0.0.1:port" of the other end, for logs */
+} conn;
+
+/* One wire slot of a peer: which link it runs on and, once up, its
+ * connection. */
+typedef struct {
+    uint32_t link;  /* link index in the hostfile, or WEFT__LINK_LOOPBACK */
+    uint32_t lwire; /* wire index on that link */
+    int outgoing;   /* we connect (we are the higher rank) */
+    char addr[64];  /* where to connect (outgoing only) */
+    int port;
+    uint64_t next_try_ms;
+    int relay;    /* the relay connection, not a data wire */
+    conn *trying; /* outgoing: the connection in set-up, if any */
+    conn *c;
+} slot;
+
+typedef struct {
+    int nwires; /* data wires: s[0 .. nwires) */
+    int nslots; /* plus the relay connection, if any */
+    slot *s;
+} peer;
+
+/* One write of a batch of frames; they complete together, in order. */
+typedef struct wreq {
+    uv_write_t req;
+    weft__xfer *first;
+    int n;
+    struct wreq *next;
+} wreq;
+
+/* A relayed chunk: header fields and its bytes (owned). */
+typedef struct rchunk {
+    int dir; /* passing through: the direction it goes on in */
+    uint32_t src, dst, len;
+    uint64_t total;
+    char *data;
+    struct rchunk *next;
+} rchunk;
+
+struct tcp_tp {
+    uv_loop_t loop;
+    uv_tcp_t listener;
+    uv_timer_t timer;     /* deadline of progress() */
+    uv_timer_t housekeep; /* connect retries and handshake deadlines */
+    uv_async_t async;
+    const weft__config *cfg;
+    weft__errsink *sink; /* where failures are recorded */
+    int rank;
+    int nranks;
+    int probe;     /* a send went to a wire with no receive posted */
+    int lost_peer; /* the peer whose close or reset failed us, or -1 */
+    peer *peers;
+    conn *pending;
+    int nopen;   /* connections not yet closed */
+    int err;     /* first transport error, WEFT_OK if none */
+    int shut;    /* shutdown() ran: completions are dropped */
+    int handles; /* loop-level handles initialised */
+    wreq *free_wreqs;
+    conn *dirty;    /* connections with queued sends */
+    conn *rx_dirty; /* connections with read-ahead for posted receives */
+    /* Relaying (relay.c): the connections to the left (0) and right
+     * (1) neighbours, chunks that arrived for this rank before their
+     * receive was posted, and the posted relay receives, oldest first. */
+    slot *relay[2];
+    struct rchunk *rpending;
+    /* Chunks passing through, to write once uv_run has returned (writes
+     * from inside it would escape the SIGPIPE guard), oldest first. */
+    struct rchunk *fwd_head, *fwd_tail;
+    weft__xfer *rrecv;
+    int relay_ready;  /* posted receives may match pending chunks */
+    unsigned events;  /* completions and wake-ups, for spinning */
+    int uv_writes;    /* libuv write requests whose callback has not run */
+    uint64_t spin_ns; /* poll this long before sleeping (0: never) */
+};
+
+/* ---- what one file calls in another ---- */
+
+/* loop.c: libuv under the SIGPIPE guard (see there), the transport's
+ * first failure, closing a connection, the deadline timer's callback. */
+void weft__tcp_run(tcp_tp *tp, uv_run_mode mode);
+int weft__tcp_write(tcp_tp *tp, uv_write_t *req, uv_stream_t *s,
+                    const uv_buf_t *bufs, unsigned int n, uv_write_cb cb);
+void weft__tcp_write_done(tcp_tp *tp);
+void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void weft__tcp_conn_close(conn *k);
+void weft__tcp_timer_cb(uv_timer_t *t);
+
+/* data.c: a data wire's reads (from the moment it is up), and the ops
+ * table's posting and progress. */
+void weft__tcp_data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+int weft__tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x);
+int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x);
+int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms);
+void weft__tcp_wake(weft__tp *t);
+
+/* handshake.c: the listener's and the housekeeping timer's callbacks. */
+void weft__tcp_on_connection(uv_stream_t *server, int status);
+void weft__tcp_housekeep_cb(uv_timer_t *t);
+
+/* relay.c: a relay connection's reads, what progress() hands over (chunks
+ * passing through, chunks kept for posted receives), and the ops table's
+ * relay_send and relay_recv. */
+void weft__tcp_relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
+                             const uv_buf_t *buf);
+void weft__tcp_relay_forward(tcp_tp *tp);
+void weft__tcp_relay_drain(tcp_tp *tp);
+int weft__tcp_relay_send(weft__tp *t, int to, weft__xfer *x);
+int weft__tcp_relay_recv(weft__tp *t, int from, weft__xfer *x);
+
+#endif
