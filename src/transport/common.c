@@ -18,13 +18,16 @@ int weft__tp_spin(uint64_t spin_ns, int (*pass)(void *arg), void *arg,
     if (spin_ns == 0)
         return 0;
     t0 = weft__now_ns();
-    do {
-        /* Oversubscribed, the peer we wait for may need this core. */
-        sched_yield();
+    for (;;) {
+        /* Look first: a yield costs a system call, and a short message
+         * has often arrived by now. */
         if ((rc = pass(arg)) != 0)
             return rc;
         if (*events != ev)
             return 1;
-    } while (weft__now_ns() - t0 < spin_ns);
-    return 0;
+        if (weft__now_ns() - t0 >= spin_ns)
+            return 0;
+        /* Oversubscribed, the peer we wait for may need this core. */
+        sched_yield();
+    }
 }
