@@ -193,6 +193,77 @@ WEFT_EXPORT int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst,
  * the operations above do). */
 WEFT_EXPORT int weft_barrier(weft_comm *c);
 
+/* ---- Non-blocking operations ----
+ *
+ * weft_i<op> posts the operation and returns at once; the operation
+ * progresses without the caller (a progress thread per communicator,
+ * started at the first post), and *req tracks it. Arguments and their
+ * checks are those of the blocking call. A post that returns an error
+ * posted nothing and sets *req to NULL: WEFT_EINVAL for bad arguments (c
+ * still usable), WEFT_EABORTED on a failed or aborted communicator.
+ *
+ * - Order: operations on c take effect in the order they were posted
+ *   (every rank posts its collectives in the same order); a blocking call
+ *   is a post and a wait. Each sees the results of every operation posted
+ *   before it, whatever their buffers share.
+ * - Buffers are borrowed from the post until the request completes.
+ * - Deadline: each operation's (weft_set_timeout at its post) runs from
+ *   when it starts, once every earlier operation on c has ended.
+ * - Errors: a failure completes the failing request with its code and
+ *   every later pending one with WEFT_EABORTED; weft_last_error(c) keeps
+ *   the first cause, and c is failed.
+ * - weft_abort completes every pending request with WEFT_EABORTED
+ *   promptly; weft_finalize with requests pending aborts them (their
+ *   callbacks run) and returns promptly; requests stay valid until
+ *   weft_request_free, also after weft_finalize.
+ * - Threads: posts on c come from one thread at a time; weft_test,
+ *   weft_wait, weft_wait_all, weft_request_free and weft_abort may be
+ *   called from any thread. */
+typedef struct weft_request weft_request;
+
+WEFT_EXPORT int weft_iall_reduce(weft_comm *c, const void *sendbuf,
+                                 void *recvbuf, size_t count, weft_dtype dtype,
+                                 weft_redop op, weft_request **req);
+WEFT_EXPORT int weft_iall_gather(weft_comm *c, const void *sendbuf,
+                                 void *recvbuf, size_t count, weft_dtype dtype,
+                                 weft_request **req);
+WEFT_EXPORT int weft_ireduce_scatter(weft_comm *c, const void *sendbuf,
+                                     void *recvbuf, size_t recvcount,
+                                     weft_dtype dtype, weft_redop op,
+                                     weft_request **req);
+WEFT_EXPORT int weft_ibroadcast(weft_comm *c, void *buf, size_t count,
+                                weft_dtype dtype, int root, weft_request **req);
+WEFT_EXPORT int weft_isend(weft_comm *c, const void *buf, size_t count,
+                           weft_dtype dtype, int peer, weft_request **req);
+WEFT_EXPORT int weft_irecv(weft_comm *c, void *buf, size_t count,
+                           weft_dtype dtype, int peer, weft_request **req);
+WEFT_EXPORT int weft_isendrecv(weft_comm *c, const void *sendbuf, int dst,
+                               void *recvbuf, int src, size_t count,
+                               weft_dtype dtype, weft_request **req);
+WEFT_EXPORT int weft_ibarrier(weft_comm *c, weft_request **req);
+
+/* Never blocks: *done is 0 while req is pending (returns WEFT_OK), 1 once
+ * it completed (returns the operation's result). WEFT_EINVAL for a NULL
+ * req or done. May be called again after completion. */
+WEFT_EXPORT int weft_test(weft_request *req, int *done);
+/* Blocks until req completes (at the latest at its deadline) and returns
+ * its result; again after completion returns the same result. */
+WEFT_EXPORT int weft_wait(weft_request *req);
+/* Waits for every request of reqs (NULL entries are skipped) and returns
+ * WEFT_OK or the first failure in array order. */
+WEFT_EXPORT int weft_wait_all(weft_request *const *reqs, size_t n);
+/* Frees req; NULL is a no-op. A pending request still completes (its
+ * buffers stay borrowed until then, its callback still runs) and is freed
+ * then. Valid after weft_finalize of its communicator. */
+WEFT_EXPORT int weft_request_free(weft_request *req);
+/* Runs cb(req, result, arg) exactly once when req completes: at once in
+ * this thread if it already has, else in the thread that completes it.
+ * cb must not block nor call a blocking weft function. One callback per
+ * request (a second is WEFT_EINVAL). */
+typedef void (*weft_callback)(weft_request *req, int result, void *arg);
+WEFT_EXPORT int weft_request_on_complete(weft_request *req, weft_callback cb,
+                                         void *arg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,9 +24,12 @@
 /* Where failures are recorded: code and text together, the first cause
  * wins and is never overwritten by its consequences (a peer that closes
  * its wires after it found a mismatch, say). A communicator has one; the
- * engine and the transports report into the one they are given. */
+ * engine and the transports report into the one they are given. Safe from
+ * several threads: the first writer claims it, and code turns non-zero
+ * only once msg is complete, so a reader that sees the code may read msg. */
 typedef struct weft__errsink {
-    int code; /* 0 until the first failure */
+    _Atomic int code; /* 0 until the first failure */
+    atomic_flag claimed;
     int rank; /* for the log line */
     char msg[WEFT__ERRMSG_LEN];
 } weft__errsink;

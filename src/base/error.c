@@ -2,6 +2,7 @@
 #include "base/base.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,10 +82,17 @@ void weft__log(int level, int rank, const char *fmt, ...)
 
 int weft__vfail(weft__errsink *s, int err, const char *fmt, va_list ap)
 {
-    if (s->code != 0)
-        return s->code; /* the first cause is the one worth keeping */
+    int code;
+
+    if (atomic_flag_test_and_set(&s->claimed)) {
+        /* The first cause is the one worth keeping; another thread may
+         * still be writing it. */
+        while ((code = atomic_load(&s->code)) == 0)
+            sched_yield();
+        return code;
+    }
     vsnprintf(s->msg, sizeof s->msg, fmt, ap);
-    s->code = err;
+    atomic_store(&s->code, err);
     weft__log(WEFT__LOG_INFO, s->rank, "%s: %s", weft_err_name(err), s->msg);
     return err;
 }

@@ -1,21 +1,65 @@
 /*
- * The communicator: what the public entry points (comm.c) keep per
- * communicator besides what the engine and the algorithms see of it
- * (weft__ctx, engine.h). Only the core includes this.
+ * The communicator: what the public entry points keep per communicator
+ * besides what the engine and the algorithms see of it (weft__ctx,
+ * engine.h), and the requests that carry its operations (request.c). Only
+ * the core includes this.
  */
 #ifndef WEFT_INTERNAL_H
 #define WEFT_INTERNAL_H
 
-#include "engine/engine.h"
+#include "coll/coll.h"
 #include "topo/topo.h"
 
+#include <pthread.h>
+
 struct weft__tp_params;
+struct weft__sched;
 
 struct weft_comm {
     weft__config cfg;            /* from the environment and the hostfile */
     weft__ctx x;                 /* what the engine and the algorithms see */
-    uint64_t coll_seq;           /* collectives started on this communicator */
+    uint64_t coll_seq;           /* collectives posted on this communicator */
     struct weft__tp_params *tpp; /* what the transport was created with */
+    struct weft__sched *s;       /* its requests and progress thread */
+    int relays; /* some peer has no wires: this rank may forward */
+    /* An operation has returned the failure's code (every later one
+     * returns WEFT_EABORTED); 0 while a failure found between operations
+     * (a relay's) has not been reported yet. */
+    atomic_int reported;
 };
+
+/* An operation as its entry point checked it: what runs it and what every
+ * rank's call must agree on. */
+typedef struct weft__opdesc {
+    int kind; /* WEFT__OP_* */
+    const char *name;
+    int redop; /* -1 where the call has none */
+    int root;  /* -1 where the call has none */
+    weft__args a;
+    weft__algo_fn post;
+} weft__opdesc;
+
+/* ---- request.c ---- */
+
+/* Sets up c's requests (the progress thread starts when first needed). */
+int weft__sched_init(weft_comm *c);
+
+/* Starts the progress thread now (relaying ranks: see request.c). */
+int weft__sched_relays(weft_comm *c);
+
+/* Runs d on c in post order: with req NULL, as a blocking call (returns
+ * its result); else posts it and returns WEFT_OK with *req set. */
+int weft__submit(weft_comm *c, const weft__opdesc *d, weft_request **req);
+
+/* A request that is complete at once with result rc (an operation that
+ * moves nothing: count 0, one rank). */
+int weft__request_done(weft_comm *c, int rc, weft_request **req);
+
+/* Aborts every pending request (their callbacks run), stops the progress
+ * thread and detaches the requests from c, which may then be freed. */
+void weft__sched_fini(weft_comm *c);
+
+/* Wakes whatever runs c's operations (weft_abort). */
+void weft__sched_wake(weft_comm *c);
 
 #endif

@@ -653,7 +653,7 @@ void weft__pass_wait(weft__pass *p)
                              "rank %d: %s passed its deadline of %d ms "
                              "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
                              "for %s",
-                             c->rank, name, c->timeout_ms, what);
+                             c->rank, name, r->k->timeout_ms, what);
     } else {
         /* The transport recorded its cause; the first one stands. */
         rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, name,

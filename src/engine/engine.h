@@ -34,8 +34,9 @@ typedef struct weft__call {
     int redop; /* -1 where the call has none */
     int root;  /* -1 where the call has none */
     uint64_t count;
-    uint64_t seq; /* collectives: the communicator's count of them */
-    int passes;   /* engine passes run so far */
+    uint64_t seq;   /* collectives: the communicator's count of them */
+    int passes;     /* engine passes run so far */
+    int timeout_ms; /* what made the deadline, for messages */
 } weft__call;
 
 /* What the engine and the algorithms see of a communicator: its job, its

@@ -1,0 +1,405 @@
+/*
+ * The operations' entry points, blocking and non-blocking: argument
+ * checks (a bad argument is reported before anything moves and leaves the
+ * communicator usable), the choice of algorithm (select.c), then the
+ * operation is handed to the requests (request.c), which run every
+ * operation of a communicator in post order.
+ */
+#include "base/kernels.h"
+#include "core/internal.h"
+#include "core/select.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* What a check returns for an operation that is complete already (count
+ * 0, or a job of one rank): nothing to run. */
+#define DONE_NOW 1
+
+/* A bad argument: reported, nothing sent, the communicator stays usable. */
+#define inval(c, ...) weft__note(&(c)->x, WEFT_EINVAL, __VA_ARGS__)
+
+/* Checks shared by every operation. mult is how many count-sized blocks
+ * the largest buffer holds. */
+static int check(weft_comm *c, const char *name, size_t count, weft_dtype dtype,
+                 size_t mult)
+{
+    size_t es;
+    int code = atomic_load(&c->x.fail.code);
+
+    if (code != 0 && !atomic_exchange(&c->reported, 1))
+        /* Found between operations (by the progress thread): this is the
+         * first operation to hear of it. */
+        return code;
+    if (code != 0 || atomic_load(&c->x.aborted)) {
+        weft__set_error(&c->x, WEFT_EABORTED,
+                        "rank %d: communicator aborted by weft_abort()",
+                        c->x.rank);
+        return WEFT_EABORTED;
+    }
+    if (!weft__dtype_valid((int)dtype))
+        return inval(c, "%s: unknown dtype %d", name, (int)dtype);
+    es = weft_dtype_size(dtype);
+    if (count > SIZE_MAX / es / mult || count * es * mult > (SIZE_MAX >> 2))
+        return inval(c, "%s: count %zu overflows the address space", name,
+                     count);
+    return WEFT_OK;
+}
+
+/* A collective with count > 0 on two ranks or more: its algorithm. */
+static int collective(weft_comm *c, weft__opdesc *d, int kind, const char *name,
+                      int redop)
+{
+    d->kind = kind;
+    d->name = name;
+    d->redop = redop;
+    d->root = kind == WEFT__OP_BROADCAST ? d->a.root : -1;
+    d->post = weft__select(&c->x, kind, &d->a);
+    return WEFT_OK;
+}
+
+/* An operation that returns its result: post and wait. */
+static int blocking(weft_comm *c, int rc, const weft__opdesc *d)
+{
+    if (rc != WEFT_OK)
+        return rc == DONE_NOW ? WEFT_OK : rc;
+    return weft__submit(c, d, NULL);
+}
+
+/* A post: *req is a request on WEFT_OK, NULL on an error (nothing
+ * posted). */
+static int post(weft_comm *c, int rc, const weft__opdesc *d, weft_request **req)
+{
+    if (rc < 0)
+        return rc;
+    if (rc == DONE_NOW)
+        return weft__request_done(c, WEFT_OK, req);
+    return weft__submit(c, d, req);
+}
+
+/* Every entry point checks c (and, posting, req) first. */
+#define CHECK_COMM(c)                                                          \
+    do {                                                                       \
+        if ((c) == NULL)                                                       \
+            return WEFT_EINVAL;                                                \
+    } while (0)
+#define CHECK_REQ(c, req, name)                                                \
+    do {                                                                       \
+        if ((c) == NULL)                                                       \
+            return WEFT_EINVAL;                                                \
+        if ((req) == NULL)                                                     \
+            return inval(c, "%s: req is NULL", name);                          \
+        *(req) = NULL;                                                         \
+    } while (0)
+
+/* ---- the operations, checked ---- */
+
+static int all_reduce(weft_comm *c, const char *name, const void *sendbuf,
+                      void *recvbuf, size_t count, weft_dtype dtype,
+                      weft_redop op, weft__opdesc *d)
+{
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, 1)) != 0)
+        return rc;
+    if (!weft__op_valid((int)op))
+        return inval(c, "%s: unknown op %d", name, (int)op);
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0)
+        return DONE_NOW;
+    if (c->x.nranks == 1) {
+        memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
+        return DONE_NOW;
+    }
+    d->a = (weft__args){sendbuf, recvbuf, count, dtype, op, -1, -1, -1};
+    return collective(c, d, WEFT__OP_ALL_REDUCE, "all_reduce", (int)op);
+}
+
+static int all_gather(weft_comm *c, const char *name, const void *sendbuf,
+                      void *recvbuf, size_t count, weft_dtype dtype,
+                      weft__opdesc *d)
+{
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, (size_t)c->x.nranks)) != 0)
+        return rc;
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0)
+        return DONE_NOW;
+    if (c->x.nranks == 1) {
+        memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
+        return DONE_NOW;
+    }
+    d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, -1, -1};
+    return collective(c, d, WEFT__OP_ALL_GATHER, "all_gather", -1);
+}
+
+static int reduce_scatter(weft_comm *c, const char *name, const void *sendbuf,
+                          void *recvbuf, size_t recvcount, weft_dtype dtype,
+                          weft_redop op, weft__opdesc *d)
+{
+    int rc;
+
+    if ((rc = check(c, name, recvcount, dtype, (size_t)c->x.nranks)) != 0)
+        return rc;
+    if (!weft__op_valid((int)op))
+        return inval(c, "%s: unknown op %d", name, (int)op);
+    if (recvcount > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "%s: NULL buffer with count %zu", name, recvcount);
+    if (recvcount == 0)
+        return DONE_NOW;
+    if (c->x.nranks == 1) {
+        memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
+        return DONE_NOW;
+    }
+    d->a = (weft__args){sendbuf, recvbuf, recvcount, dtype, op, -1, -1, -1};
+    return collective(c, d, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", (int)op);
+}
+
+static int broadcast(weft_comm *c, const char *name, void *buf, size_t count,
+                     weft_dtype dtype, int root, weft__opdesc *d)
+{
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, 1)) != 0)
+        return rc;
+    if (root < 0 || root >= c->x.nranks)
+        return inval(c, "%s: root %d out of range [0, %d)", name, root,
+                     c->x.nranks);
+    if (count > 0 && buf == NULL)
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0 || c->x.nranks == 1)
+        return DONE_NOW;
+    d->a = (weft__args){buf, buf, count, dtype, WEFT_SUM, root, -1, -1};
+    return collective(c, d, WEFT__OP_BROADCAST, "broadcast", -1);
+}
+
+static int barrier(weft_comm *c, const char *name, weft__opdesc *d)
+{
+    int rc;
+
+    if ((rc = check(c, name, 1, WEFT_UINT8, 1)) != 0)
+        return rc;
+    if (c->x.nranks == 1)
+        return DONE_NOW;
+    d->a = (weft__args){NULL, NULL, 1, WEFT_UINT8, WEFT_SUM, -1, -1, -1};
+    return collective(c, d, WEFT__OP_BARRIER, "barrier", -1);
+}
+
+/* Which halves a point-to-point call has. */
+enum { SEND = 1, RECV = 2 };
+
+/* send (SEND: dst), recv (RECV: src) and sendrecv (both). */
+static int sendrecv(weft_comm *c, const char *name, int halves,
+                    const void *sendbuf, int dst, void *recvbuf, int src,
+                    size_t count, weft_dtype dtype, weft__opdesc *d)
+{
+    const int n = c->x.nranks, me = c->x.rank;
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, 1)) != 0)
+        return rc;
+    if ((halves & SEND) && (dst < 0 || dst >= n))
+        return inval(c, "%s: peer %d out of range [0, %d)", name, dst, n);
+    if ((halves & RECV) && (src < 0 || src >= n))
+        return inval(c, "%s: peer %d out of range [0, %d)", name, src, n);
+    if (((halves & SEND) && dst == me) || ((halves & RECV) && src == me))
+        return inval(c,
+                     "%s: peer %d is this rank (a send to oneself cannot "
+                     "complete)",
+                     name, me);
+    if (!(halves & SEND))
+        dst = -1;
+    if (!(halves & RECV))
+        src = -1;
+    if (count > 0 &&
+        ((dst >= 0 && sendbuf == NULL) || (src >= 0 && recvbuf == NULL)))
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0)
+        return DONE_NOW;
+    d->kind = WEFT__OP_P2P;
+    d->name = name;
+    d->redop = -1;
+    d->root = -1;
+    d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, dst, src};
+    d->post = weft__sendrecv_post;
+    return WEFT_OK;
+}
+
+/* ---- blocking ---- */
+
+int weft_all_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
+                    size_t count, weft_dtype dtype, weft_redop op)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(
+        c, all_reduce(c, "all_reduce", sendbuf, recvbuf, count, dtype, op, &d),
+        &d);
+}
+
+int weft_all_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
+                    size_t count, weft_dtype dtype)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(
+        c, all_gather(c, "all_gather", sendbuf, recvbuf, count, dtype, &d), &d);
+}
+
+int weft_reduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                        size_t recvcount, weft_dtype dtype, weft_redop op)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    reduce_scatter(c, "reduce_scatter", sendbuf, recvbuf,
+                                   recvcount, dtype, op, &d),
+                    &d);
+}
+
+int weft_broadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+                   int root)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c, broadcast(c, "broadcast", buf, count, dtype, root, &d),
+                    &d);
+}
+
+int weft_send(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
+              int peer)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(
+        c, sendrecv(c, "send", SEND, buf, peer, NULL, -1, count, dtype, &d),
+        &d);
+}
+
+int weft_recv(weft_comm *c, void *buf, size_t count, weft_dtype dtype, int peer)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(
+        c, sendrecv(c, "recv", RECV, NULL, -1, buf, peer, count, dtype, &d),
+        &d);
+}
+
+int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
+                  int src, size_t count, weft_dtype dtype)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    sendrecv(c, "sendrecv", SEND | RECV, sendbuf, dst, recvbuf,
+                             src, count, dtype, &d),
+                    &d);
+}
+
+int weft_barrier(weft_comm *c)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c, barrier(c, "barrier", &d), &d);
+}
+
+/* ---- non-blocking ---- */
+
+int weft_iall_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
+                     size_t count, weft_dtype dtype, weft_redop op,
+                     weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "iall_reduce");
+    return post(
+        c, all_reduce(c, "iall_reduce", sendbuf, recvbuf, count, dtype, op, &d),
+        &d, req);
+}
+
+int weft_iall_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
+                     size_t count, weft_dtype dtype, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "iall_gather");
+    return post(
+        c, all_gather(c, "iall_gather", sendbuf, recvbuf, count, dtype, &d), &d,
+        req);
+}
+
+int weft_ireduce_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                         size_t recvcount, weft_dtype dtype, weft_redop op,
+                         weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "ireduce_scatter");
+    return post(c,
+                reduce_scatter(c, "ireduce_scatter", sendbuf, recvbuf,
+                               recvcount, dtype, op, &d),
+                &d, req);
+}
+
+int weft_ibroadcast(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+                    int root, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "ibroadcast");
+    return post(c, broadcast(c, "ibroadcast", buf, count, dtype, root, &d), &d,
+                req);
+}
+
+int weft_isend(weft_comm *c, const void *buf, size_t count, weft_dtype dtype,
+               int peer, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "isend");
+    return post(
+        c, sendrecv(c, "isend", SEND, buf, peer, NULL, -1, count, dtype, &d),
+        &d, req);
+}
+
+int weft_irecv(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+               int peer, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "irecv");
+    return post(
+        c, sendrecv(c, "irecv", RECV, NULL, -1, buf, peer, count, dtype, &d),
+        &d, req);
+}
+
+int weft_isendrecv(weft_comm *c, const void *sendbuf, int dst, void *recvbuf,
+                   int src, size_t count, weft_dtype dtype, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "isendrecv");
+    return post(c,
+                sendrecv(c, "isendrecv", SEND | RECV, sendbuf, dst, recvbuf,
+                         src, count, dtype, &d),
+                &d, req);
+}
+
+int weft_ibarrier(weft_comm *c, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "ibarrier");
+    return post(c, barrier(c, "ibarrier", &d), &d, req);
+}

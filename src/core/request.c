@@ -1,0 +1,543 @@
+/*
+ * Requests: every operation on a communicator, blocking or not, runs in
+ * post order, one at a time, as a task (engine/task.h) driven by one
+ * thread at a time.
+ *
+ * Who drives: a blocking call with nothing pending runs its task on the
+ * caller's thread, as it always did (no hand-off, so its latency is the
+ * engine's). The first non-blocking post starts the communicator's
+ * progress thread, which from then on runs every queued request while the
+ * caller computes; a blocking call that finds requests pending queues
+ * behind them and waits. Where some peer is reached only through the
+ * relay, the thread starts with the communicator and keeps the transport
+ * moving between operations, so that relayed messages pass through this
+ * rank even while it is not inside a weft call.
+ *
+ * Ordering and hazards: one request runs at a time, in post order, and
+ * its deadline starts when it starts; so every operation sees the results
+ * of the earlier ones, and no staging or scratch buffer is reused while an
+ * earlier operation still uses it.
+ *
+ * Completion: a failure completes the failing request with its code and,
+ * once the communicator has failed, every later pending one with
+ * WEFT_EABORTED, in one batch: their callbacks run (outside the lock, in
+ * the completing thread), then one broadcast wakes whoever waits for any
+ * of them. A request nobody waits for or registered a callback on costs
+ * neither a wake-up nor a call.
+ *
+ * Lifetime: the scheduling state (weft__sched) is shared by the
+ * communicator and its requests and freed with the last of them, so a
+ * request stays valid after weft_finalize until weft_request_free.
+ */
+#include "core/internal.h"
+
+#include "transport/transport.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { R_PENDING, R_COMPLETING, R_DONE };
+
+typedef struct weft__sched {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* completions, the driver role released, work */
+    int refs;                  /* the communicator's, and each request's */
+    weft_comm *c;              /* NULL once finalized */
+    weft_request *head, *tail; /* pending, in post order; head runs */
+    uint64_t posted;           /* order numbers given out */
+    int driving;               /* a thread runs the engine (one at most) */
+    int stop;                  /* finalize: the thread ends */
+    int idle_off;              /* the transport failed: no idle polling */
+    atomic_int has_thread;
+    pthread_t thread;
+} weft__sched;
+
+struct weft_request {
+    weft__sched *s;
+    uint64_t order; /* post order on its communicator */
+    weft__opdesc d;
+    int timeout_ms; /* weft_set_timeout at the post */
+    uint64_t seq;   /* collectives: the communicator's count of them */
+    weft__call k;
+    weft__task t;
+    int state; /* R_*, under s->mu */
+    int result;
+    int heap;    /* a non-blocking post's (else a blocking call's stack) */
+    int freed;   /* weft_request_free came first: freed once done */
+    int waiting; /* threads in weft_wait on it */
+    weft_callback cb, cb_run;
+    void *cb_arg;
+    weft_request *next;
+};
+
+/* ---- shared state ---- */
+
+static void sched_destroy(weft__sched *s)
+{
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* Drops one reference (s->mu held); 1 when s is to be destroyed once the
+ * lock is released. */
+static int sched_unref(weft__sched *s)
+{
+    return --s->refs == 0;
+}
+
+int weft__sched_init(weft_comm *c)
+{
+    weft__sched *s = calloc(1, sizeof *s);
+
+    if (s == NULL)
+        return WEFT_ENOMEM;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        free(s);
+        return WEFT_ENOMEM;
+    }
+    if (pthread_cond_init(&s->cv, NULL) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        free(s);
+        return WEFT_ENOMEM;
+    }
+    s->refs = 1;
+    s->c = c;
+    atomic_init(&s->has_thread, 0);
+    c->s = s;
+    return WEFT_OK;
+}
+
+/* ---- running one operation (the driver, without the lock) ---- */
+
+/* Runs d to completion on the calling thread: its deadline starts now. */
+static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
+                  uint64_t seq, weft__call *k, weft__task *t)
+{
+    int rc;
+
+    if (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted)) {
+        weft__set_error(&c->x, WEFT_EABORTED,
+                        "rank %d: %s: communicator aborted (weft_abort or "
+                        "weft_finalize)",
+                        c->x.rank, d->name);
+        return WEFT_EABORTED;
+    }
+    k->deadline_ms = weft__now_ms() + (uint64_t)timeout_ms;
+    k->name = d->name;
+    k->kind = d->kind;
+    k->dtype = (int)d->a.dtype;
+    k->redop = d->redop;
+    k->root = d->root;
+    k->count = d->a.count;
+    k->seq = seq;
+    k->passes = 0;
+    k->timeout_ms = timeout_ms;
+    weft__task_init(t, &c->x, k, &d->a);
+    if ((rc = d->post(t)) == WEFT_OK)
+        rc = weft__task_wait(t);
+    if (rc != WEFT_OK && atomic_load(&c->x.fail.code) != 0)
+        atomic_store(&c->reported, 1);
+    return rc;
+}
+
+/* ---- completion (s->mu held) ---- */
+
+/* Completes the chain `batch` (linked by next, results set): callbacks
+ * run without the lock, then the requests are done, their waiters woken
+ * once, and the ones already freed by their owner are freed. */
+static void complete(weft__sched *s, weft_request *batch)
+{
+    weft_request *q, *next;
+    int calls = 0, wake = 0;
+
+    for (q = batch; q != NULL; q = q->next) {
+        q->state = R_COMPLETING;
+        q->cb_run = q->cb;
+        calls |= q->cb_run != NULL;
+    }
+    if (calls) {
+        pthread_mutex_unlock(&s->mu);
+        for (q = batch; q != NULL; q = q->next)
+            if (q->cb_run != NULL)
+                q->cb_run(q, q->result, q->cb_arg);
+        pthread_mutex_lock(&s->mu);
+    }
+    for (q = batch; q != NULL; q = next) {
+        next = q->next;
+        q->next = NULL;
+        q->state = R_DONE;
+        wake |= q->waiting > 0;
+        if (q->freed) {
+            /* Never the last reference: the communicator holds one
+             * while its requests complete. */
+            sched_unref(s);
+            free(q);
+        }
+    }
+    if (wake)
+        pthread_cond_broadcast(&s->cv);
+}
+
+/* The head of the queue ended with rc: it completes, and where the
+ * communicator has failed so does every later pending request, with
+ * WEFT_EABORTED. */
+static void finish_head(weft__sched *s, weft_comm *c, int rc)
+{
+    weft_request *batch = s->head;
+
+    batch->result = rc;
+    if (rc != WEFT_OK &&
+        (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted))) {
+        for (weft_request *q = batch->next; q != NULL; q = q->next)
+            q->result = WEFT_EABORTED;
+        s->head = s->tail = NULL;
+    } else {
+        s->head = batch->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        batch->next = NULL;
+    }
+    complete(s, batch);
+}
+
+/* ---- the progress thread ---- */
+
+/* Runs the queue until it is empty (s->mu held on entry and exit). */
+static void drive(weft__sched *s, weft_comm *c)
+{
+    weft_request *r;
+
+    while ((r = s->head) != NULL) {
+        int rc;
+
+        pthread_mutex_unlock(&s->mu);
+        rc = run_op(c, &r->d, r->timeout_ms, r->seq, &r->k, &r->t);
+        pthread_mutex_lock(&s->mu);
+        finish_head(s, c, rc);
+    }
+}
+
+static void *progress_main(void *arg)
+{
+    weft__sched *s = arg;
+    weft_comm *c = s->c; /* finalize joins this thread before freeing c */
+
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->head != NULL && !s->driving) {
+            s->driving = 1;
+            drive(s, c);
+            s->driving = 0;
+            pthread_cond_broadcast(&s->cv);
+            continue;
+        }
+        if (s->stop)
+            break;
+        if (c->relays && !s->idle_off && !s->driving && c->x.tp != NULL &&
+            atomic_load(&c->x.fail.code) == 0) {
+            /* Nothing to run: keep the transport moving, so that relayed
+             * messages pass through (a post wakes it). */
+            int rc;
+
+            s->driving = 1;
+            pthread_mutex_unlock(&s->mu);
+            rc = c->x.tpo->progress(c->x.tp, weft__now_ms() + 1000);
+            pthread_mutex_lock(&s->mu);
+            s->driving = 0;
+            if (rc != WEFT_OK && rc != WEFT_ETIMEDOUT)
+                s->idle_off = 1; /* recorded; the next operation says so */
+            pthread_cond_broadcast(&s->cv);
+            continue;
+        }
+        pthread_cond_wait(&s->cv, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Starts the progress thread unless it runs (s->mu held). */
+static int thread_start(weft__sched *s)
+{
+    sigset_t all, old;
+    int rc;
+
+    if (atomic_load(&s->has_thread))
+        return WEFT_OK;
+    /* Signals go to the application's threads, never to ours. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&s->thread, NULL, progress_main, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0)
+        return WEFT_ENOMEM;
+    atomic_store(&s->has_thread, 1);
+    return WEFT_OK;
+}
+
+int weft__sched_relays(weft_comm *c)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->s->mu);
+    rc = thread_start(c->s);
+    pthread_mutex_unlock(&c->s->mu);
+    return rc;
+}
+
+/* ---- posting ---- */
+
+/* Appends r to the queue and makes sure someone runs it (s->mu held). */
+static void enqueue(weft__sched *s, weft_comm *c, weft_request *r)
+{
+    r->order = ++s->posted;
+    if (s->tail != NULL)
+        s->tail->next = r;
+    else
+        s->head = r;
+    s->tail = r;
+    if (s->driving && s->head == r && c->x.tp != NULL)
+        /* The thread sleeps in the transport between operations. */
+        c->x.tpo->wake(c->x.tp);
+    pthread_cond_broadcast(&s->cv);
+}
+
+int weft__submit(weft_comm *c, const weft__opdesc *d, weft_request **req)
+{
+    weft__sched *s = c->s;
+    uint64_t seq = d->kind == WEFT__OP_P2P ? 0 : ++c->coll_seq;
+    weft_request *r;
+    int rc;
+
+    if (req == NULL) {
+        weft__call k;
+        weft__task t;
+        weft_request mine;
+
+        if (!atomic_load(&s->has_thread))
+            /* Nothing pending, nobody else drives: run here. */
+            return run_op(c, d, c->x.timeout_ms, seq, &k, &t);
+        pthread_mutex_lock(&s->mu);
+        if (s->head == NULL && !s->driving) {
+            s->driving = 1;
+            pthread_mutex_unlock(&s->mu);
+            rc = run_op(c, d, c->x.timeout_ms, seq, &k, &t);
+            pthread_mutex_lock(&s->mu);
+            s->driving = 0;
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            return rc;
+        }
+        /* Behind pending requests: queued like them, then waited for. */
+        memset(&mine, 0, sizeof mine);
+        mine.s = s;
+        mine.d = *d;
+        mine.timeout_ms = c->x.timeout_ms;
+        mine.seq = seq;
+        mine.waiting = 1;
+        enqueue(s, c, &mine);
+        while (mine.state != R_DONE)
+            pthread_cond_wait(&s->cv, &s->mu);
+        pthread_mutex_unlock(&s->mu);
+        return mine.result;
+    }
+    *req = NULL;
+    if ((r = calloc(1, sizeof *r)) == NULL)
+        return weft__note(&c->x, WEFT_ENOMEM,
+                          "rank %d: %s: no memory for a request", c->x.rank,
+                          d->name);
+    r->s = s;
+    r->d = *d;
+    r->timeout_ms = c->x.timeout_ms;
+    r->seq = seq;
+    r->heap = 1;
+    pthread_mutex_lock(&s->mu);
+    if ((rc = thread_start(s)) != WEFT_OK) {
+        pthread_mutex_unlock(&s->mu);
+        free(r);
+        if (seq != 0)
+            c->coll_seq--; /* posted nothing */
+        return weft__note(&c->x, rc,
+                          "rank %d: %s: cannot start the progress thread",
+                          c->x.rank, d->name);
+    }
+    s->refs++;
+    enqueue(s, c, r);
+    pthread_mutex_unlock(&s->mu);
+    *req = r;
+    return WEFT_OK;
+}
+
+int weft__request_done(weft_comm *c, int rc, weft_request **req)
+{
+    weft__sched *s = c->s;
+    weft_request *r = calloc(1, sizeof *r);
+
+    *req = NULL;
+    if (r == NULL)
+        return weft__note(&c->x, WEFT_ENOMEM,
+                          "rank %d: no memory for a request", c->x.rank);
+    r->s = s;
+    r->heap = 1;
+    r->state = R_DONE;
+    r->result = rc;
+    pthread_mutex_lock(&s->mu);
+    s->refs++;
+    r->order = ++s->posted;
+    pthread_mutex_unlock(&s->mu);
+    *req = r;
+    return WEFT_OK;
+}
+
+/* ---- finalize and abort ---- */
+
+void weft__sched_wake(weft_comm *c)
+{
+    if (c->x.tp != NULL)
+        c->x.tpo->wake(c->x.tp);
+}
+
+void weft__sched_fini(weft_comm *c)
+{
+    weft__sched *s = c->s;
+    int destroy;
+
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    if (s->head != NULL)
+        /* Pending requests end now, with WEFT_EABORTED. */
+        atomic_store(&c->x.aborted, 1);
+    if (s->driving)
+        weft__sched_wake(c);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (atomic_load(&s->has_thread))
+        pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&s->mu);
+    if (s->head != NULL) {
+        /* Never run (no thread could start): they end here. */
+        weft_request *batch = s->head;
+
+        for (weft_request *q = batch; q != NULL; q = q->next)
+            q->result = WEFT_EABORTED;
+        s->head = s->tail = NULL;
+        complete(s, batch);
+    }
+    s->c = NULL;
+    destroy = sched_unref(s);
+    pthread_mutex_unlock(&s->mu);
+    c->s = NULL;
+    if (destroy)
+        sched_destroy(s);
+}
+
+/* ---- the request API ---- */
+
+int weft_test(weft_request *req, int *done)
+{
+    int rc = WEFT_OK;
+
+    if (req == NULL || done == NULL)
+        return WEFT_EINVAL;
+    pthread_mutex_lock(&req->s->mu);
+    *done = req->state == R_DONE;
+    if (*done)
+        rc = req->result;
+    pthread_mutex_unlock(&req->s->mu);
+    return rc;
+}
+
+int weft_wait(weft_request *req)
+{
+    weft__sched *s;
+    int rc;
+
+    if (req == NULL)
+        return WEFT_EINVAL;
+    s = req->s;
+    pthread_mutex_lock(&s->mu);
+    req->waiting++;
+    while (req->state != R_DONE)
+        pthread_cond_wait(&s->cv, &s->mu);
+    req->waiting--;
+    rc = req->result;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int weft_wait_all(weft_request *const *reqs, size_t n)
+{
+    int rc = WEFT_OK;
+
+    if (reqs == NULL && n > 0)
+        return WEFT_EINVAL;
+    /* Requests of one communicator complete in post order: waiting for
+     * the last posted of each communicator's waits for all of them, with
+     * one wake-up. */
+    for (size_t i = 0; i < n; i++) {
+        int last = reqs[i] != NULL;
+
+        for (size_t j = 0; last && j < n; j++)
+            if (j != i && reqs[j] != NULL && reqs[j]->s == reqs[i]->s &&
+                (reqs[j]->order > reqs[i]->order ||
+                 (reqs[j]->order == reqs[i]->order && j > i)))
+                last = 0;
+        if (last)
+            weft_wait(reqs[i]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        int r = reqs[i] != NULL ? weft_wait(reqs[i]) : WEFT_OK;
+        if (rc == WEFT_OK)
+            rc = r;
+    }
+    return rc;
+}
+
+int weft_request_free(weft_request *req)
+{
+    weft__sched *s;
+    int destroy = 0;
+
+    if (req == NULL)
+        return WEFT_OK;
+    s = req->s;
+    pthread_mutex_lock(&s->mu);
+    if (req->state != R_DONE) {
+        req->freed = 1; /* the completing thread frees it */
+        pthread_mutex_unlock(&s->mu);
+        return WEFT_OK;
+    }
+    destroy = sched_unref(s);
+    pthread_mutex_unlock(&s->mu);
+    free(req);
+    if (destroy)
+        sched_destroy(s);
+    return WEFT_OK;
+}
+
+int weft_request_on_complete(weft_request *req, weft_callback cb, void *arg)
+{
+    int result;
+
+    if (req == NULL || cb == NULL)
+        return WEFT_EINVAL;
+    pthread_mutex_lock(&req->s->mu);
+    if (req->cb != NULL) {
+        pthread_mutex_unlock(&req->s->mu);
+        return WEFT_EINVAL;
+    }
+    req->cb = cb;
+    req->cb_arg = arg;
+    if (req->state == R_PENDING) {
+        pthread_mutex_unlock(&req->s->mu);
+        return WEFT_OK;
+    }
+    /* Complete already (or its callbacks are being run without this
+     * one): it runs here, now. */
+    result = req->result;
+    pthread_mutex_unlock(&req->s->mu);
+    cb(req, result, arg);
+    return WEFT_OK;
+}
