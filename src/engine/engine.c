@@ -54,7 +54,7 @@ typedef struct frame {
 } frame;
 
 typedef struct wstate {
-    struct run *run;
+    struct weft__pass *run;
     int lane;
     int w;
     /* send side */
@@ -90,7 +90,7 @@ struct weft__engine {
  * of a broadcast receives nothing, yet must not return WEFT_OK when its
  * neighbours named another root), and sees a dead neighbour. */
 typedef struct check {
-    struct run *run;
+    struct weft__pass *run;
     int peer;
     int send, recv; /* this pass sends (receives) a check header */
     int sent, got;  /* ... and it completed */
@@ -105,11 +105,11 @@ typedef struct relay_xfer {
     int done;
 } relay_xfer;
 
-typedef struct run {
+/* An engine pass in flight (weft__pass, engine.h). */
+typedef struct weft__pass {
     weft__ctx *c;
     weft__call *k;
-    const weft__op *op; /* &own */
-    weft__op own;       /* the pass owns the steps */
+    weft__op op; /* its lanes; the pass owns their steps */
     size_t frame;
     int err;
     int pass;                /* this pass's number in the call */
@@ -130,10 +130,6 @@ typedef struct run {
     relay_xfer rl_sh, rl_sx, rl_rh, rl_rx;
 } run;
 
-struct weft__pass {
-    run r;
-};
-
 static void pump_lane(run *r, int lane);
 
 /* Wire w's region of a step of len bytes over nw wires; len 0 or an unused
@@ -148,7 +144,7 @@ static weft__region step_region(const run *r, size_t len, int nw, int w)
     used = weft__plan_wires(len, nw, r->c->cfg->min_wire_bytes);
     if (w >= used)
         return reg;
-    return weft__plan_region(len, used, r->op->esize, w);
+    return weft__plan_region(len, used, r->op.esize, w);
 }
 
 static int fail_into(weft__ctx *c, int *result, int err, const char *fmt, ...)
@@ -350,7 +346,7 @@ static int hdr_check(run *r, const uint8_t *got, const ophdr *want, int peer,
 /* The header of lane `lane`'s sends (is_send) or receives. */
 static ophdr lane_hdr(const run *r, int lane, int is_send)
 {
-    return hdr_make(r->k, r->pass, (uint32_t)r->op->lanes[lane].tag,
+    return hdr_make(r->k, r->pass, (uint32_t)r->op.lanes[lane].tag,
                     is_send ? r->sseq[lane] : r->rseq[lane],
                     is_send ? r->stotal[lane] : r->rtotal[lane]);
 }
@@ -373,21 +369,21 @@ static void recv_done(weft__xfer *x)
     frame *f = container_of(x, frame, x);
     wstate *ws = f->ws;
     run *r = ws->run;
-    const weft__step *st = &r->op->lanes[ws->lane].steps[f->step];
+    const weft__step *st = &r->op.lanes[ws->lane].steps[f->step];
 
     assert(&ws->r_fr[ws->r_head] == f);
     ws->r_head = (ws->r_head + 1) % FIFO_CAP;
     ws->r_count--;
     if (f->hdr) {
         ophdr want = lane_hdr(r, ws->lane, 0);
-        if (hdr_check(r, ws->r_hdrbuf, &want, r->op->lanes[ws->lane].recv_peer,
+        if (hdr_check(r, ws->r_hdrbuf, &want, r->op.lanes[ws->lane].recv_peer,
                       ws->w) != 0)
             return;
     } else {
         if (f->slot >= 0)
             weft__reduce3(st->recv_dst + f->a, st->recv_a + f->a,
                           stage_slot(r, ws->lane, ws->w, f->slot),
-                          f->len / r->op->esize, r->op->dtype, r->op->redop);
+                          f->len / r->op.esize, r->op.dtype, r->op.redop);
         ws->d_step = f->step;
         ws->d_end = f->a + f->len;
     }
@@ -415,7 +411,7 @@ static void check_recv_done(weft__xfer *x)
  * whose region overlaps them? */
 static int recv_ready(run *r, int lane, int k, size_t a, size_t b)
 {
-    const weft__step *st = &r->op->lanes[lane].steps[k];
+    const weft__step *st = &r->op.lanes[lane].steps[k];
 
     for (int w = 0; w < r->rw[lane]; w++) {
         weft__region reg = step_region(r, st->recv_len, r->rw[lane], w);
@@ -436,7 +432,7 @@ static int recv_ready(run *r, int lane, int k, size_t a, size_t b)
 static int post(run *r, wstate *ws, int is_send, int step, int hdr, char *buf,
                 size_t a, size_t len, int slot)
 {
-    const weft__lane *ln = &r->op->lanes[ws->lane];
+    const weft__lane *ln = &r->op.lanes[ws->lane];
     frame *f;
     int rc;
 
@@ -470,7 +466,7 @@ static int post(run *r, wstate *ws, int is_send, int step, int hdr, char *buf,
 
 static void pump_send(run *r, int lane, wstate *ws)
 {
-    const weft__lane *ln = &r->op->lanes[lane];
+    const weft__lane *ln = &r->op.lanes[lane];
 
     while (r->err == 0 && ws->s_count < WEFT__SEND_DEPTH &&
            ws->s_step < ln->nsteps) {
@@ -509,7 +505,7 @@ static void pump_send(run *r, int lane, wstate *ws)
 
 static void pump_recv(run *r, int lane, wstate *ws)
 {
-    const weft__lane *ln = &r->op->lanes[lane];
+    const weft__lane *ln = &r->op.lanes[lane];
 
     while (r->err == 0 && ws->r_count < WEFT__RECV_DEPTH &&
            ws->r_step < ln->nsteps) {
@@ -565,7 +561,7 @@ static void pump_lane(run *r, int lane)
 
 static int lane_done(const run *r, int lane)
 {
-    const weft__lane *ln = &r->op->lanes[lane];
+    const weft__lane *ln = &r->op.lanes[lane];
     int n = r->sw[lane] > r->rw[lane] ? r->sw[lane] : r->rw[lane];
 
     for (int w = 0; w < n; w++) {
@@ -591,8 +587,8 @@ static void describe_wait(const run *r, char *out, size_t outlen)
             return;
         }
     }
-    for (int l = 0; l < r->op->nlanes; l++) {
-        const weft__lane *ln = &r->op->lanes[l];
+    for (int l = 0; l < r->op.nlanes; l++) {
+        const weft__lane *ln = &r->op.lanes[l];
         for (int w = 0; w < r->rw[l]; w++) {
             const wstate *ws = &r->ws[l][w];
             if (ws->r_count > 0 || ws->r_step < ln->nsteps) {
@@ -622,9 +618,8 @@ static void describe_wait(const run *r, char *out, size_t outlen)
         snprintf(out, outlen, "a message relayed to rank %d to leave", r->rdst);
 }
 
-void weft__pass_wait(weft__pass *p)
+void weft__pass_wait(weft__pass *r)
 {
-    run *r = &p->r;
     weft__ctx *c = r->c;
     const char *name = r->k->name;
     uint64_t deadline = r->k->deadline_ms;
@@ -722,7 +717,7 @@ static int check_done(const run *r)
 static void plan_checks(run *r)
 {
     const weft__ctx *c = r->c;
-    const weft__op *op = r->op;
+    const weft__op *op = &r->op;
     int cand[2 * WEFT__MAX_LANES + WEFT__MESH_MAX_RANKS + 2], ncand = 0;
 
     if (r->k->kind == WEFT__OP_P2P)
@@ -885,17 +880,19 @@ weft__step *weft__op_steps(weft__op *op, int lane, int nsteps)
     return st;
 }
 
-/* A pass that cannot start: before anything of its call moved, c stays
- * usable (the error is only noted); later, the call is broken half way
- * and c fails. */
-static int start_error(weft__ctx *c, weft__call *k, int err, const char *fmt,
-                       ...) __attribute__((format(printf, 4, 5)));
+/* A pass that cannot start: op's steps are freed; before anything of its
+ * call moved, c stays usable (the error is only noted); later, the call
+ * is broken half way and c fails. */
+static int start_error(weft__ctx *c, weft__call *k, weft__op *op, int err,
+                       const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
-static int start_error(weft__ctx *c, weft__call *k, int err, const char *fmt,
-                       ...)
+static int start_error(weft__ctx *c, weft__call *k, weft__op *op, int err,
+                       const char *fmt, ...)
 {
     va_list ap;
 
+    op_free_steps(op);
     va_start(ap, fmt);
     if (k->passes == 0)
         vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
@@ -908,79 +905,67 @@ static int start_error(weft__ctx *c, weft__call *k, int err, const char *fmt,
 }
 
 /* Frees the pass's own memory; the engine keeps one for the next pass. */
-static void pass_free(weft__ctx *c, weft__pass *p)
+static void pass_free(weft__ctx *c, weft__pass *r)
 {
-    run *r = &p->r;
-
-    for (int l = 0; l < r->op->nlanes; l++)
+    for (int l = 0; l < r->op.nlanes; l++)
         free(r->ws[l]);
-    op_free_steps(&r->own);
+    op_free_steps(&r->op);
     if (c->eng != NULL && c->eng->spare == NULL)
-        c->eng->spare = p;
+        c->eng->spare = r;
     else
-        free(p);
+        free(r);
 }
 
 int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
                      const weft__relay *relay, weft__pass **out)
 {
-    weft__pass *p;
+    int sw[WEFT__MAX_LANES], rw[WEFT__MAX_LANES], rc;
     run *r;
-    int rc;
 
     *out = NULL;
     for (int l = 0; l < op->nlanes; l++)
-        if (op->lanes[l].steps == NULL) {
-            op_free_steps(op);
-            return start_error(c, k, WEFT_ENOMEM, "rank %d: %s: out of memory",
-                               c->rank, k->name);
-        }
-    if ((rc = engine_ensure(c)) != 0) {
-        op_free_steps(op);
-        return start_error(c, k, rc, "rank %d: %s: no memory for the engine",
-                           c->rank, k->name);
-    }
+        if (op->lanes[l].steps == NULL)
+            return start_error(c, k, op, WEFT_ENOMEM,
+                               "rank %d: %s: out of memory", c->rank, k->name);
+    if ((rc = engine_ensure(c)) != 0)
+        return start_error(c, k, op, rc,
+                           "rank %d: %s: no memory for the engine", c->rank,
+                           k->name);
     if (relay != NULL &&
-        (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL)) {
-        op_free_steps(op);
-        return start_error(c, k, WEFT_ENOTSUP,
+        (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL))
+        return start_error(c, k, op, WEFT_ENOTSUP,
                            "rank %d: %s: no wires to rank %d, and the %s "
                            "transport cannot relay",
                            c->rank, k->name,
                            relay->dst >= 0 ? relay->dst : relay->src,
                            c->tpo->name);
-    }
+    /* Every lane's peers have wires, found before anything moved. */
     for (int l = 0; l < op->nlanes; l++) {
         const weft__lane *ln = &op->lanes[l];
-        int sw = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
-        int rw = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
 
-        if ((ln->send_peer >= 0 && sw == 0) ||
-            (ln->recv_peer >= 0 && rw == 0)) {
-            op_free_steps(op);
-            return start_error(c, k, WEFT_ENOTSUP,
+        sw[l] = ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
+        rw[l] = ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
+        if ((ln->send_peer >= 0 && sw[l] == 0) ||
+            (ln->recv_peer >= 0 && rw[l] == 0))
+            return start_error(c, k, op, WEFT_ENOTSUP,
                                "rank %d: %s needs a direct link to peer %d, "
                                "and this job has none",
                                c->rank, k->name,
-                               sw == 0 && ln->send_peer >= 0 ? ln->send_peer
-                                                             : ln->recv_peer);
-        }
+                               sw[l] == 0 && ln->send_peer >= 0
+                                   ? ln->send_peer
+                                   : ln->recv_peer);
     }
-    if ((p = c->eng->spare) != NULL) {
+    if ((r = c->eng->spare) != NULL) {
         c->eng->spare = NULL;
-        memset(p, 0, sizeof *p);
-    } else if ((p = calloc(1, sizeof *p)) == NULL) {
-        op_free_steps(op);
-        return start_error(c, k, WEFT_ENOMEM, "rank %d: %s: out of memory",
+        memset(r, 0, sizeof *r);
+    } else if ((r = calloc(1, sizeof *r)) == NULL)
+        return start_error(c, k, op, WEFT_ENOMEM, "rank %d: %s: out of memory",
                            c->rank, k->name);
-    }
-    r = &p->r;
     r->c = c;
     r->k = k;
-    r->own = *op;
-    r->op = &r->own;
+    r->op = *op;
     op->nlanes = 0; /* the steps are the pass's now */
-    op = &r->own;
+    op = &r->op;
     r->frame = c->cfg->frame_bytes;
     r->pass = k->passes++;
     r->rdst = relay != NULL ? relay->dst : -1;
@@ -991,10 +976,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
         const weft__lane *ln = &op->lanes[l];
         int n;
 
-        r->sw[l] =
-            ln->send_peer >= 0 ? c->tpo->nwires(c->tp, ln->send_peer) : 0;
-        r->rw[l] =
-            ln->recv_peer >= 0 ? c->tpo->nwires(c->tp, ln->recv_peer) : 0;
+        r->sw[l] = sw[l];
+        r->rw[l] = rw[l];
         n = r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
         r->ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
         if (r->ws[l] == NULL) {
@@ -1034,35 +1017,32 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
             pump_lane(r, l);
         post_checks(r);
     }
-    *out = p;
+    *out = r;
     return WEFT_OK;
 }
 
-int weft__pass_test(const weft__pass *p)
+int weft__pass_test(const weft__pass *r)
 {
-    const run *r = &p->r;
-
     if (r->err != 0)
         return r->err;
     if (!check_done(r) || !relay_done_all(r))
         return WEFT__PENDING;
-    for (int l = 0; l < r->op->nlanes; l++)
+    for (int l = 0; l < r->op.nlanes; l++)
         if (!lane_done(r, l))
             return WEFT__PENDING;
     return WEFT_OK;
 }
 
-void weft__pass_end(weft__pass *p, int rc)
+void weft__pass_end(weft__pass *r, int rc)
 {
-    run *r = &p->r;
     weft__ctx *c = r->c;
 
     if (rc == WEFT_OK)
-        rc = weft__pass_test(p);
+        rc = weft__pass_test(r);
 #ifndef NDEBUG
     /* The design's invariant: an operation that ends has no frame in
      * flight on any wire (a failed one is shut down below instead). */
-    for (int l = 0; rc == 0 && l < r->op->nlanes; l++)
+    for (int l = 0; rc == 0 && l < r->op.nlanes; l++)
         for (int w = 0; w < (r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l]); w++)
             assert(r->ws[l][w].s_count == 0 && r->ws[l][w].r_count == 0);
 #endif
@@ -1075,5 +1055,5 @@ void weft__pass_end(weft__pass *p, int rc)
                         weft_strerror(rc));
         c->tpo->shutdown(c->tp);
     }
-    pass_free(c, p);
+    pass_free(c, r);
 }
