@@ -33,9 +33,8 @@ struct weft_comm {
 typedef struct weft__opdesc {
     int kind; /* WEFT__OP_* */
     const char *name;
-    int redop; /* -1 where the call has none */
-    int root;  /* -1 where the call has none */
-    weft__args a;
+    int redop;    /* -1 where the call has none */
+    weft__args a; /* a.root: -1 where the call has none */
     weft__algo_fn post;
 } weft__opdesc;
 

@@ -53,7 +53,6 @@ static int collective(weft_comm *c, weft__opdesc *d, int kind, const char *name,
     d->kind = kind;
     d->name = name;
     d->redop = redop;
-    d->root = kind == WEFT__OP_BROADCAST ? d->a.root : -1;
     d->post = weft__select(&c->x, kind, &d->a);
     return WEFT_OK;
 }
@@ -77,7 +76,8 @@ static int post(weft_comm *c, int rc, const weft__opdesc *d, weft_request **req)
     return weft__submit(c, d, req);
 }
 
-/* Every entry point checks c (and, posting, req) first. */
+/* Every entry point checks c (and, posting, req: NULL on every error)
+ * first. */
 #define CHECK_COMM(c)                                                          \
     do {                                                                       \
         if ((c) == NULL)                                                       \
@@ -85,24 +85,27 @@ static int post(weft_comm *c, int rc, const weft__opdesc *d, weft_request **req)
     } while (0)
 #define CHECK_REQ(c, req, name)                                                \
     do {                                                                       \
-        if ((c) == NULL)                                                       \
-            return WEFT_EINVAL;                                                \
+        if ((req) != NULL)                                                     \
+            *(req) = NULL;                                                     \
+        CHECK_COMM(c);                                                         \
         if ((req) == NULL)                                                     \
             return inval(c, "%s: req is NULL", name);                          \
-        *(req) = NULL;                                                         \
     } while (0)
 
 /* ---- the operations, checked ---- */
 
-static int all_reduce(weft_comm *c, const char *name, const void *sendbuf,
-                      void *recvbuf, size_t count, weft_dtype dtype,
-                      weft_redop op, weft__opdesc *d)
+/* all_reduce (has_op, one block), all_gather and reduce_scatter (mult
+ * blocks of count elements in the larger buffer; reduce_scatter has_op). */
+static int two_buffers(weft_comm *c, const char *name, int kind,
+                       const char *kind_name, const void *sendbuf,
+                       void *recvbuf, size_t count, weft_dtype dtype,
+                       size_t mult, int has_op, weft_redop op, weft__opdesc *d)
 {
     int rc;
 
-    if ((rc = check(c, name, count, dtype, 1)) != 0)
+    if ((rc = check(c, name, count, dtype, mult)) != 0)
         return rc;
-    if (!weft__op_valid((int)op))
+    if (has_op && !weft__op_valid((int)op))
         return inval(c, "%s: unknown op %d", name, (int)op);
     if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
         return inval(c, "%s: NULL buffer with count %zu", name, count);
@@ -112,50 +115,35 @@ static int all_reduce(weft_comm *c, const char *name, const void *sendbuf,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return DONE_NOW;
     }
-    d->a = (weft__args){sendbuf, recvbuf, count, dtype, op, -1, -1, -1};
-    return collective(c, d, WEFT__OP_ALL_REDUCE, "all_reduce", (int)op);
+    d->a = (weft__args){sendbuf, recvbuf, count, dtype, has_op ? op : WEFT_SUM,
+                        -1,      -1,      -1};
+    return collective(c, d, kind, kind_name, has_op ? (int)op : -1);
+}
+
+static int all_reduce(weft_comm *c, const char *name, const void *sendbuf,
+                      void *recvbuf, size_t count, weft_dtype dtype,
+                      weft_redop op, weft__opdesc *d)
+{
+    return two_buffers(c, name, WEFT__OP_ALL_REDUCE, "all_reduce", sendbuf,
+                       recvbuf, count, dtype, 1, 1, op, d);
 }
 
 static int all_gather(weft_comm *c, const char *name, const void *sendbuf,
                       void *recvbuf, size_t count, weft_dtype dtype,
                       weft__opdesc *d)
 {
-    int rc;
-
-    if ((rc = check(c, name, count, dtype, (size_t)c->x.nranks)) != 0)
-        return rc;
-    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
-        return inval(c, "%s: NULL buffer with count %zu", name, count);
-    if (count == 0)
-        return DONE_NOW;
-    if (c->x.nranks == 1) {
-        memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
-        return DONE_NOW;
-    }
-    d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, -1, -1};
-    return collective(c, d, WEFT__OP_ALL_GATHER, "all_gather", -1);
+    return two_buffers(c, name, WEFT__OP_ALL_GATHER, "all_gather", sendbuf,
+                       recvbuf, count, dtype, (size_t)c->x.nranks, 0, WEFT_SUM,
+                       d);
 }
 
 static int reduce_scatter(weft_comm *c, const char *name, const void *sendbuf,
                           void *recvbuf, size_t recvcount, weft_dtype dtype,
                           weft_redop op, weft__opdesc *d)
 {
-    int rc;
-
-    if ((rc = check(c, name, recvcount, dtype, (size_t)c->x.nranks)) != 0)
-        return rc;
-    if (!weft__op_valid((int)op))
-        return inval(c, "%s: unknown op %d", name, (int)op);
-    if (recvcount > 0 && (sendbuf == NULL || recvbuf == NULL))
-        return inval(c, "%s: NULL buffer with count %zu", name, recvcount);
-    if (recvcount == 0)
-        return DONE_NOW;
-    if (c->x.nranks == 1) {
-        memmove(recvbuf, sendbuf, recvcount * weft_dtype_size(dtype));
-        return DONE_NOW;
-    }
-    d->a = (weft__args){sendbuf, recvbuf, recvcount, dtype, op, -1, -1, -1};
-    return collective(c, d, WEFT__OP_REDUCE_SCATTER, "reduce_scatter", (int)op);
+    return two_buffers(c, name, WEFT__OP_REDUCE_SCATTER, "reduce_scatter",
+                       sendbuf, recvbuf, recvcount, dtype, (size_t)c->x.nranks,
+                       1, op, d);
 }
 
 static int broadcast(weft_comm *c, const char *name, void *buf, size_t count,
@@ -222,7 +210,6 @@ static int sendrecv(weft_comm *c, const char *name, int halves,
     d->kind = WEFT__OP_P2P;
     d->name = name;
     d->redop = -1;
-    d->root = -1;
     d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, dst, src};
     d->post = weft__sendrecv_post;
     return WEFT_OK;

@@ -62,7 +62,6 @@ struct weft_request {
     weft__task t;
     int state; /* R_*, under s->mu */
     int result;
-    int heap;    /* a non-blocking post's (else a blocking call's stack) */
     int freed;   /* weft_request_free came first: freed once done */
     int waiting; /* threads in weft_wait on it */
     weft_callback cb, cb_run;
@@ -128,7 +127,7 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     k->kind = d->kind;
     k->dtype = (int)d->a.dtype;
     k->redop = d->redop;
-    k->root = d->root;
+    k->root = d->a.root;
     k->count = d->a.count;
     k->seq = seq;
     k->passes = 0;
@@ -350,7 +349,6 @@ int weft__submit(weft_comm *c, const weft__opdesc *d, weft_request **req)
     r->d = *d;
     r->timeout_ms = c->x.timeout_ms;
     r->seq = seq;
-    r->heap = 1;
     pthread_mutex_lock(&s->mu);
     if ((rc = thread_start(s)) != WEFT_OK) {
         pthread_mutex_unlock(&s->mu);
@@ -378,7 +376,6 @@ int weft__request_done(weft_comm *c, int rc, weft_request **req)
         return weft__note(&c->x, WEFT_ENOMEM,
                           "rank %d: no memory for a request", c->x.rank);
     r->s = s;
-    r->heap = 1;
     r->state = R_DONE;
     r->result = rc;
     pthread_mutex_lock(&s->mu);

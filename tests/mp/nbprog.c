@@ -35,7 +35,7 @@ int main(int argc, char **argv)
         fail = nb_threads(c);
     if ((rc = weft_finalize(c)) != WEFT_OK)
         fail = 1;
-    if (!fail && weft_rank(NULL) < 0)
+    if (!fail)
         printf("nbprog %s: passed\n", mode);
     return fail;
 }

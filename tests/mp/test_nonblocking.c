@@ -68,6 +68,32 @@ static void run_case(case_fn fn, int nranks, int wires, enum mp_layout layout,
               topology, nranks, wires, mp_describe(&res, buf, sizeof buf));
 }
 
+/* Runs one job of scenario fn, which must pass on every rank. */
+static void run_ranks(mp_rank_fn fn, const struct mp_opts *o)
+{
+    struct mp_result res;
+    char buf[1024];
+
+    cr_assert_eq(mp_run(o, fn, NULL, &res), 0, "could not set up the job");
+    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+}
+
+/* weft_init, then a barrier, so that every rank is up: 0, or 1 after a
+ * message. */
+static int init_all(weft_comm **c, int rank, int nranks)
+{
+    int rc;
+
+    if (mp_init(c, rank, nranks) != WEFT_OK)
+        return 1;
+    if ((rc = weft_barrier(*c)) != WEFT_OK) {
+        mp_report_rc(*c, "barrier", rc);
+        weft_finalize(*c);
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- every operation, ranks 2-4 x wires 1-3, ring and mesh ---- */
 
 static int every_op(weft_comm *c, void *arg)
@@ -241,10 +267,8 @@ static int caller_away(int rank, int nranks, void *arg)
     int fail = 0, rc;
 
     (void)arg;
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
+    if (init_all(&c, rank, nranks))
         return 1;
-    if ((rc = weft_barrier(c)) != WEFT_OK)
-        fail = mp_report_rc(c, "barrier", rc);
     if (!fail && rank == 0) {
         rc = weft_iall_reduce(c, a, b, 1 << 18, WEFT_FLOAT32, WEFT_SUM, &r);
         mp_sleep_ms(1500);
@@ -274,12 +298,7 @@ static int caller_away(int rank, int nranks, void *arg)
 
 Test(nonblocking, progress_while_caller_away, .timeout = 60)
 {
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 20000};
-    struct mp_result res;
-    char buf[1024];
-
-    cr_assert_eq(mp_run(&o, caller_away, NULL, &res), 0);
-    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+    run_ranks(caller_away, &(struct mp_opts){.nranks = 2, .timeout_ms = 20000});
 }
 
 /* Hosts in a ring of 4: rank 0 sends to rank 2, which it has no link to,
@@ -291,10 +310,8 @@ static int relay_away(int rank, int nranks, void *arg)
     int fail = 0, rc = WEFT_OK;
 
     (void)arg;
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
+    if (init_all(&c, rank, nranks))
         return 1;
-    if ((rc = weft_barrier(c)) != WEFT_OK)
-        fail = mp_report_rc(c, "barrier", rc);
     if (!fail && rank == 0) {
         for (int i = 0; i < 4096; i++)
             m[i] = (float)i;
@@ -327,14 +344,10 @@ static int relay_away(int rank, int nranks, void *arg)
 
 Test(nonblocking, relay_while_forwarders_away, .timeout = 60)
 {
-    struct mp_opts o = {
-        .nranks = 4, .layout = MP_LAYOUT_RING, .timeout_ms = 20000};
-    struct mp_result res;
-    char buf[1024];
-
     setenv("WEFT_TOPOLOGY", "auto", 1);
-    cr_assert_eq(mp_run(&o, relay_away, NULL, &res), 0);
-    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+    run_ranks(relay_away, &(struct mp_opts){.nranks = 4,
+                                            .layout = MP_LAYOUT_RING,
+                                            .timeout_ms = 20000});
 }
 
 /* ---- failures, abort, finalize with requests pending ---- */
@@ -411,10 +424,8 @@ static int peer_dies(int rank, int nranks, void *arg)
     int fail, rc;
 
     (void)arg;
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
+    if (init_all(&c, rank, nranks))
         return 1;
-    if ((rc = weft_barrier(c)) != WEFT_OK)
-        return mp_report_rc(c, "barrier", rc);
     if (rank == 1) {
         mp_sleep_ms(300);
         _exit(0); /* no weft_finalize: the kernel closes the sockets */
@@ -432,12 +443,7 @@ static int peer_dies(int rank, int nranks, void *arg)
 
 Test(nonblocking, peer_dies_with_requests_pending, .timeout = 60)
 {
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 10000};
-    struct mp_result res;
-    char buf[1024];
-
-    cr_assert_eq(mp_run(&o, peer_dies, NULL, &res), 0);
-    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+    run_ranks(peer_dies, &(struct mp_opts){.nranks = 2, .timeout_ms = 10000});
 }
 
 static void *abort_soon(void *arg)
@@ -459,10 +465,8 @@ static int abort_pending(int rank, int nranks, void *arg)
     int fail = 0, rc;
 
     (void)arg;
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
+    if (init_all(&c, rank, nranks))
         return 1;
-    if ((rc = weft_barrier(c)) != WEFT_OK)
-        return mp_report_rc(c, "barrier", rc);
     if (rank == 0) {
         double t0 = mp_now_ms();
 
@@ -489,12 +493,8 @@ static int abort_pending(int rank, int nranks, void *arg)
 
 Test(nonblocking, abort_with_requests_pending, .timeout = 60)
 {
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 8000};
-    struct mp_result res;
-    char buf[1024];
-
-    cr_assert_eq(mp_run(&o, abort_pending, NULL, &res), 0);
-    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+    run_ranks(abort_pending,
+              &(struct mp_opts){.nranks = 2, .timeout_ms = 8000});
 }
 
 /* weft_finalize with receives pending: their callbacks run with
@@ -509,10 +509,8 @@ static int finalize_pending(int rank, int nranks, void *arg)
     int fail = 0, rc, done = 0;
 
     (void)arg;
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
+    if (init_all(&c, rank, nranks))
         return 1;
-    if ((rc = weft_barrier(c)) != WEFT_OK)
-        return mp_report_rc(c, "barrier", rc);
     if (rank == 0) {
         double t0 = mp_now_ms();
 
@@ -544,10 +542,6 @@ static int finalize_pending(int rank, int nranks, void *arg)
 
 Test(nonblocking, finalize_with_requests_pending, .timeout = 60)
 {
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 8000};
-    struct mp_result res;
-    char buf[1024];
-
-    cr_assert_eq(mp_run(&o, finalize_pending, NULL, &res), 0);
-    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+    run_ranks(finalize_pending,
+              &(struct mp_opts){.nranks = 2, .timeout_ms = 8000});
 }
