@@ -77,6 +77,27 @@ static void rx_fail(conn *k)
             tp->rank, k->peer, k->wire, k->name, uv_strerror(k->rx_end));
 }
 
+/* A write on k failed with libuv's uverr. Where the peer closed or reset
+ * its end (a broken pipe: the write raced the end of the stream, which the
+ * read side has not seen yet), the message says so, as rx_fail's does. */
+static void tx_failed(conn *k, int uverr)
+{
+    tcp_tp *tp = k->tp;
+
+    if (conn_err_code(uverr) != WEFT_EPEER) {
+        weft__tcp_fail(tp, conn_err_code(uverr),
+                       "rank %d: send to peer %d on wire %d (%s) failed: %s",
+                       tp->rank, k->peer, k->wire, k->name, uv_strerror(uverr));
+        return;
+    }
+    if (tp->err == 0)
+        tp->lost_peer = k->peer;
+    weft__tcp_fail(tp, WEFT_EPEER,
+                   "rank %d: peer %d closed or reset wire %d (%s) while this "
+                   "rank was sending to it (%s)",
+                   tp->rank, k->peer, k->wire, k->name, uv_strerror(uverr));
+}
+
 /* A send to a peer whose end of the wire has closed (or reset): it can
  * never be received. */
 static void tx_closed(conn *k)
@@ -268,10 +289,7 @@ static void data_write_cb(uv_write_t *req, int status)
     if (tp->shut)
         return;
     if (status < 0) {
-        weft__tcp_fail(tp, conn_err_code(status),
-                       "rank %d: send to peer %d on wire %d (%s) failed: %s",
-                       tp->rank, k->peer, k->wire, k->name,
-                       uv_strerror(status));
+        tx_failed(k, status);
         return;
     }
     complete_batch(tp, w);
@@ -356,10 +374,7 @@ static void tcp_flush(tcp_tp *tp)
         if (rc != 0) {
             r->next = tp->free_wreqs;
             tp->free_wreqs = r;
-            weft__tcp_fail(
-                tp, conn_err_code(rc),
-                "rank %d: send to peer %d on wire %d (%s) failed: %s", tp->rank,
-                k->peer, k->wire, k->name, uv_strerror(rc));
+            tx_failed(k, rc);
             return;
         }
     }
