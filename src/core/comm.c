@@ -140,6 +140,7 @@ int weft_finalize(weft_comm *c)
     free(c->x.send_seq);
     free(c->x.recv_seq);
     free(c->x.scratch);
+    free(c->batch_buf);
     free(c);
     return WEFT_OK;
 }

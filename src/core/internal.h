@@ -26,6 +26,13 @@ struct weft_comm {
      * returns WEFT_EABORTED); 0 while a failure found between operations
      * (a relay's) has not been reported yet. */
     atomic_int reported;
+    /* Batches of small all_reduces (request.c), touched by the thread
+     * that drives: how many operations the next one takes, as the ranks
+     * agreed in the last batchable call (0: not agreed), and the buffer
+     * that holds a batch's inputs end to end. */
+    uint32_t batch_next;
+    char *batch_buf;
+    size_t batch_bytes;
 };
 
 /* An operation as its entry point checked it: what runs it and what every
@@ -36,6 +43,7 @@ typedef struct weft__opdesc {
     int redop;    /* -1 where the call has none */
     weft__args a; /* a.root: -1 where the call has none */
     weft__algo_fn post;
+    int batch; /* an all_reduce that may run in a batch (weft__batchable) */
 } weft__opdesc;
 
 /* ---- request.c ---- */

@@ -18,6 +18,19 @@
  * of the earlier ones, and no staging or scratch buffer is reused while an
  * earlier operation still uses it.
  *
+ * Batches: small all_reduces posted back to back are latency bound, so
+ * consecutive ones run as one call over their inputs laid end to end in a
+ * buffer, each result copied out in post order, where the algorithm allows
+ * it (weft__batchable: each element's result does not depend on the
+ * batch) and no operation of the batch reads what an earlier one writes.
+ * Every rank must run the same batches, but each sees its own queue: so
+ * every batchable call carries in its headers how many batchable
+ * operations this rank has queued behind it (weft__call.hint), and the
+ * ranks' minimum, known to every rank when the call ends, is the size of
+ * the next batch. A rank that ran the call with nothing queued offers 0,
+ * so a lone or blocking all_reduce runs alone, as before; a batch starts
+ * when its first operation would have started, under its deadline.
+ *
  * Completion: a failure completes the failing request with its code and,
  * once the communicator has failed, every later pending one with
  * WEFT_EABORTED, in one batch: their callbacks run (outside the lock, in
@@ -33,10 +46,16 @@
 
 #include "transport/transport.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { R_PENDING, R_COMPLETING, R_DONE };
+
+/* A batch takes at most this many operations, and no more bytes than
+ * this gathered over the ranks (its first operation alone may). */
+#define BATCH_MAX_OPS 256
+#define BATCH_GATHERED_BYTES ((size_t)1 << 20)
 
 typedef struct weft__sched {
     pthread_mutex_t mu;
@@ -109,9 +128,10 @@ int weft__sched_init(weft_comm *c)
 
 /* ---- running one operation (the driver, without the lock) ---- */
 
-/* Runs d to completion on the calling thread: its deadline starts now. */
+/* Runs d to completion on the calling thread: its deadline starts now.
+ * hint: this rank's offer for the next batch (d->batch only). */
 static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
-                  uint64_t seq, weft__call *k, weft__task *t)
+                  uint64_t seq, uint32_t hint, weft__call *k, weft__task *t)
 {
     int rc;
 
@@ -132,12 +152,115 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     k->seq = seq;
     k->passes = 0;
     k->timeout_ms = timeout_ms;
+    k->hint = d->batch ? hint : 0;
     weft__task_init(t, &c->x, k, &d->a);
     if ((rc = d->post(t)) == WEFT_OK)
         rc = weft__task_wait(t);
     if (rc != WEFT_OK && atomic_load(&c->x.fail.code) != 0)
         atomic_store(&c->reported, 1);
+    /* Every rank's hint, lowered to the minimum by the call's headers. */
+    c->batch_next = rc == WEFT_OK && d->batch ? k->hint : 0;
     return rc;
+}
+
+/* ---- batches (see the top of this file) ---- */
+
+/* Does q read bytes that an operation of the batch from first up to q
+ * writes? */
+static int reads_batch(const weft_request *first, const weft_request *q,
+                       size_t es)
+{
+    uintptr_t lo = (uintptr_t)q->d.a.sendbuf, hi = lo + q->d.a.count * es;
+
+    for (const weft_request *p = first; p != q; p = p->next) {
+        uintptr_t plo = (uintptr_t)p->d.a.recvbuf;
+        uintptr_t phi = plo + p->d.a.count * es;
+
+        if (lo < phi && plo < hi)
+            return 1;
+    }
+    return 0;
+}
+
+/* How many requests from r on (at most max) make a batch: batchable
+ * all_reduces with r's algorithm, dtype, op and timeout, within the
+ * batch's bytes, none reading what an earlier one of them writes. Every
+ * prefix of a batch is one. Fills out[] where not NULL. (s->mu held.) */
+static uint32_t batch_len(const weft_comm *c, const weft_request *r,
+                          uint32_t max, const weft_request **out)
+{
+    size_t es, total = 0;
+    uint32_t n = 0;
+
+    if (r == NULL || !r->d.batch)
+        return 0;
+    es = weft_dtype_size(r->d.a.dtype);
+    for (const weft_request *q = r; q != NULL && n < max; q = q->next) {
+        const weft__args *a = &q->d.a;
+        size_t bytes = a->count * es;
+
+        if (!q->d.batch || q->d.post != r->d.post || a->dtype != r->d.a.dtype ||
+            a->op != r->d.a.op || q->timeout_ms != r->timeout_ms)
+            break;
+        if (n > 0 &&
+            (total + bytes) * (size_t)c->x.nranks > BATCH_GATHERED_BYTES)
+            break;
+        if (reads_batch(r, q, es))
+            break;
+        if (out != NULL)
+            out[n] = q;
+        total += bytes;
+        n++;
+    }
+    return n;
+}
+
+/* Runs the n > 1 requests of b as one all_reduce over their inputs end to
+ * end, then copies each result out, in post order. */
+static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
+                     uint32_t hint)
+{
+    weft_request *r = b[0];
+    const size_t es = weft_dtype_size(r->d.a.dtype);
+    weft__opdesc d = r->d;
+    size_t total = 0, off = 0;
+    int rc;
+
+    for (uint32_t i = 0; i < n; i++)
+        total += b[i]->d.a.count;
+    if (total * es > c->batch_bytes) {
+        char *p = realloc(c->batch_buf, total * es);
+
+        if (p == NULL) {
+            c->batch_next = 0;
+            return weft__note(&c->x, WEFT_ENOMEM,
+                              "rank %d: %s: cannot allocate %zu bytes for a "
+                              "batch of %u operations",
+                              c->x.rank, d.name, total * es, (unsigned)n);
+        }
+        c->batch_buf = p;
+        c->batch_bytes = total * es;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        size_t bytes = b[i]->d.a.count * es;
+
+        memcpy(c->batch_buf + off, b[i]->d.a.sendbuf, bytes);
+        off += bytes;
+    }
+    d.a.sendbuf = c->batch_buf;
+    d.a.recvbuf = c->batch_buf;
+    d.a.count = total;
+    rc = run_op(c, &d, r->timeout_ms, r->seq, hint, &r->k, &r->t);
+    if (rc != WEFT_OK)
+        return rc;
+    off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t bytes = b[i]->d.a.count * es;
+
+        memcpy(b[i]->d.a.recvbuf, c->batch_buf + off, bytes);
+        off += bytes;
+    }
+    return WEFT_OK;
 }
 
 /* ---- completion (s->mu held) ---- */
@@ -178,24 +301,31 @@ static void complete(weft__sched *s, weft_request *batch)
         pthread_cond_broadcast(&s->cv);
 }
 
-/* The head of the queue ended with rc: it completes, and where the
+/* The first n requests of the queue ran as one and ended with rc: they
+ * complete (the first with rc; where it failed, the others with rc, or
+ * with WEFT_EABORTED once the communicator has failed), and where the
  * communicator has failed so does every later pending request, with
  * WEFT_EABORTED. */
-static void finish_head(weft__sched *s, weft_comm *c, int rc)
+static void finish_head(weft__sched *s, weft_comm *c, uint32_t n, int rc)
 {
-    weft_request *batch = s->head;
+    weft_request *batch = s->head, *last = batch;
+    int failed = rc != WEFT_OK && (atomic_load(&c->x.fail.code) != 0 ||
+                                   atomic_load(&c->x.aborted));
 
     batch->result = rc;
-    if (rc != WEFT_OK &&
-        (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted))) {
-        for (weft_request *q = batch->next; q != NULL; q = q->next)
+    for (uint32_t i = 1; i < n; i++) {
+        last = last->next;
+        last->result = failed ? WEFT_EABORTED : rc;
+    }
+    if (failed) {
+        for (weft_request *q = last->next; q != NULL; q = q->next)
             q->result = WEFT_EABORTED;
         s->head = s->tail = NULL;
     } else {
-        s->head = batch->next;
+        s->head = last->next;
         if (s->head == NULL)
             s->tail = NULL;
-        batch->next = NULL;
+        last->next = NULL;
     }
     complete(s, batch);
 }
@@ -205,15 +335,27 @@ static void finish_head(weft__sched *s, weft_comm *c, int rc)
 /* Runs the queue until it is empty (s->mu held on entry and exit). */
 static void drive(weft__sched *s, weft_comm *c)
 {
+    const weft_request *b[BATCH_MAX_OPS];
     weft_request *r;
 
     while ((r = s->head) != NULL) {
+        uint32_t n = 1, hint = 0;
         int rc;
 
+        if (r->d.batch) {
+            /* The batch the ranks agreed on (every rank has it queued:
+             * each offered no more than it had), and this rank's offer
+             * for the next. */
+            n = batch_len(c, r, c->batch_next > 1 ? c->batch_next : 1, b);
+            hint = batch_len(c, b[n - 1]->next, BATCH_MAX_OPS, NULL);
+        }
         pthread_mutex_unlock(&s->mu);
-        rc = run_op(c, &r->d, r->timeout_ms, r->seq, &r->k, &r->t);
+        if (n > 1)
+            rc = run_batch(c, (weft_request *const *)b, n, hint);
+        else
+            rc = run_op(c, &r->d, r->timeout_ms, r->seq, hint, &r->k, &r->t);
         pthread_mutex_lock(&s->mu);
-        finish_head(s, c, rc);
+        finish_head(s, c, n, rc);
     }
 }
 
@@ -315,12 +457,12 @@ int weft__submit(weft_comm *c, const weft__opdesc *d, weft_request **req)
 
         if (!atomic_load(&s->has_thread))
             /* Nothing pending, nobody else drives: run here. */
-            return run_op(c, d, c->x.timeout_ms, seq, &k, &t);
+            return run_op(c, d, c->x.timeout_ms, seq, 0, &k, &t);
         pthread_mutex_lock(&s->mu);
         if (s->head == NULL && !s->driving) {
             s->driving = 1;
             pthread_mutex_unlock(&s->mu);
-            rc = run_op(c, d, c->x.timeout_ms, seq, &k, &t);
+            rc = run_op(c, d, c->x.timeout_ms, seq, 0, &k, &t);
             pthread_mutex_lock(&s->mu);
             s->driving = 0;
             pthread_cond_broadcast(&s->cv);

@@ -78,6 +78,16 @@ static const struct algo_row {
     {WEFT__OP_BARRIER, ON_RING, ANY_SIZE, ring_barrier},
 };
 
+int weft__batchable(weft__algo_fn fn)
+{
+    /* Recursive doubling: each rank hears from every other through log2(n)
+     * rounds, element by element in the same order. The one-exchange
+     * gather: every rank hears every other directly and reduces in rank
+     * order. (The ring's gather passes each rank's header to its neighbour
+     * only.) */
+    return fn == weft__doubling_all_reduce || fn == mesh_gather_reduce;
+}
+
 int weft__direct_ok(const weft__ctx *c)
 {
     if (c->nranks > WEFT__MESH_MAX_RANKS ||

@@ -10,6 +10,14 @@
  * on c: never NULL for the collective kinds. */
 weft__algo_fn weft__select(const weft__ctx *c, int kind, const weft__args *a);
 
+/* 1 when consecutive all_reduces that fn runs may be run as one over
+ * their inputs laid end to end (core/request.c): fn's passes hear from
+ * every rank, so the call's hint (engine.h) ends agreed, and fn reduces
+ * each element in an order that does not depend on where the element
+ * lies or how many there are, so the batch gives every operation the bits
+ * it would get alone. */
+int weft__batchable(weft__algo_fn fn);
+
 /* 1 when every pair of ranks has direct wires, the job has at most
  * WEFT__MESH_MAX_RANKS ranks (one engine lane per peer) and the topology
  * asked for is not "ring". */

@@ -23,7 +23,9 @@
 #include <string.h>
 
 #define HDR_MAGIC 0x57464f50u /* "WFOP" */
-#define HDR_BYTES 40
+#define HDR_BYTES 44
+/* The bytes ranks must agree on; the hint after them may differ. */
+#define HDR_MATCH_BYTES 40
 /* The tag of a header on a check channel, and of a relayed message's. */
 #define TAG_CHECK 0xffffu
 #define TAG_RELAY 0xfffeu
@@ -41,6 +43,7 @@ typedef struct ophdr {
     uint32_t tag;
     int32_t root;
     uint64_t seq, count, total;
+    uint32_t hint; /* the sender's weft__call.hint when it sent this */
 } ophdr;
 
 typedef struct frame {
@@ -228,7 +231,12 @@ int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
  * channel's tag and the bytes that follow on it. A receiver compares it
  * with its own before it uses a byte after it, so ranks that called
  * different things fail with WEFT_EMISMATCH, and bytes an earlier
- * mismatched call left on a wire never pass for a later call's. */
+ * mismatched call left on a wire never pass for a later call's.
+ *
+ * After what must match, a header carries the sender's hint (engine.h,
+ * weft__call.hint): a receiver keeps the smaller of its own and the one
+ * it got, so a call whose passes hear from every rank ends with the same
+ * minimum on every rank. */
 
 static ophdr hdr_make(const weft__call *k, int pass, uint32_t tag, uint64_t seq,
                       uint64_t total)
@@ -244,6 +252,7 @@ static ophdr hdr_make(const weft__call *k, int pass, uint32_t tag, uint64_t seq,
         .seq = seq,
         .count = k->count,
         .total = total,
+        .hint = k->hint,
     };
     return h;
 }
@@ -260,6 +269,7 @@ static void hdr_encode(uint8_t *b, const ophdr *h)
     weft__put_le64(b + 16, h->seq);
     weft__put_le64(b + 24, h->count);
     weft__put_le64(b + 32, h->total);
+    weft__put_le32(b + 40, h->hint);
 }
 
 static void hdr_decode(const uint8_t *b, ophdr *h)
@@ -274,6 +284,7 @@ static void hdr_decode(const uint8_t *b, ophdr *h)
     h->seq = weft__get_le64(b + 16);
     h->count = weft__get_le64(b + 24);
     h->total = weft__get_le64(b + 32);
+    h->hint = weft__get_le32(b + 40);
 }
 
 /* "broadcast(count 1024, float32, root 1) #7", for messages. */
@@ -313,8 +324,13 @@ static int hdr_check(run *r, const uint8_t *got, const ophdr *want, int peer,
     ophdr g;
 
     hdr_encode(wb, want);
-    if (memcmp(wb, got, HDR_BYTES) == 0)
+    if (memcmp(wb, got, HDR_MATCH_BYTES) == 0) {
+        uint32_t hint = weft__get_le32(got + HDR_MATCH_BYTES);
+
+        if (hint < r->k->hint)
+            r->k->hint = hint;
         return 0;
+    }
     hdr_decode(got, &g);
     hdr_describe(want, mine, sizeof mine);
     if (g.magic != HDR_MAGIC)

@@ -37,6 +37,13 @@ typedef struct weft__call {
     uint64_t seq;   /* collectives: the communicator's count of them */
     int passes;     /* engine passes run so far */
     int timeout_ms; /* what made the deadline, for messages */
+    /* A number every header of the call carries and every received header
+     * lowers to the sender's where that is smaller: once a call whose
+     * passes hear from every rank (recursive doubling, a one-exchange
+     * gather) has ended, every rank holds the minimum over the ranks of
+     * what each set at the start. The core agrees on batches with it
+     * (core/request.c); 0 where unused. */
+    uint32_t hint;
 } weft__call;
 
 /* What the engine and the algorithms see of a communicator: its job, its

@@ -141,16 +141,27 @@ static uint64_t rnd(uint64_t *s)
 
 /* Lays out op o: buffers anywhere in the pool, overlapping other
  * operations' at will; within the operation, in place or disjoint as the
- * API allows. */
-static void seq_layout(seq_op *o, int n, int me, uint64_t *s)
+ * API allows. With reduces, mostly small all_reduces, most of them sums,
+ * a third reading what the one before wrote (prev: NULL for the first):
+ * what weft may run in batches, with the hazards that split them. */
+static void seq_layout(seq_op *o, const seq_op *prev, int reduces, int n,
+                       int me, uint64_t *s)
 {
     size_t span;
 
     o->k = (int)(rnd(s) % 6); /* no barrier: it moves nothing */
     o->op = (weft_redop)(rnd(s) % 4);
     o->count = 1 + rnd(s) % (rnd(s) % 4 == 0 ? 4000 : 60);
+    if (reduces) {
+        o->k = rnd(s) % 8 == 0 ? o->k : OP_AR;
+        o->op = rnd(s) % 4 == 0 ? o->op : WEFT_SUM;
+        o->count = 1 + rnd(s) % (rnd(s) % 8 == 0 ? 3000 : 300);
+    }
     span = o->count * (size_t)n;
     o->in = rnd(s) % (POOL - 2 * span);
+    if (reduces && prev != NULL && rnd(s) % 3 == 0 &&
+        prev->out + 2 * span < POOL)
+        o->in = prev->out;
     switch (rnd(s) % 3) {
     case 0: /* in place */
         o->out = o->in;
@@ -209,7 +220,7 @@ static int seq_post(weft_comm *c, const seq_op *o, float *pool,
     }
 }
 
-int nb_sequence(weft_comm *c, uint64_t seed)
+int nb_sequence(weft_comm *c, uint64_t seed, int reduces)
 {
     const int me = weft_rank(c), n = weft_size(c);
     uint64_t s = seed;
@@ -221,19 +232,21 @@ int nb_sequence(weft_comm *c, uint64_t seed)
     char what[96];
 
     for (int i = 0; i < nops; i++)
-        seq_layout(&ops[i], n, me, &s);
+        seq_layout(&ops[i], i > 0 ? &ops[i - 1] : NULL, reduces, n, me, &s);
     fill_f32(pb, POOL, seed ^ (uint64_t)me);
     memcpy(pn, pb, POOL * sizeof(float));
     for (int i = 0; i < nops && !fail; i++)
         if ((rc = seq_post(c, &ops[i], pb, NULL)) != WEFT_OK) {
-            snprintf(what, sizeof what, "seed %llu, blocking op %d (%s)",
-                     (unsigned long long)seed, i, op_names[ops[i].k]);
+            snprintf(what, sizeof what, "seed %llu%s, blocking op %d (%s)",
+                     (unsigned long long)seed, reduces ? " (reduces)" : "", i,
+                     op_names[ops[i].k]);
             fail = fail_rc(c, what, rc);
         }
     for (int i = 0; i < nops && !fail; i++)
         if ((rc = seq_post(c, &ops[i], pn, &reqs[i])) != WEFT_OK) {
-            snprintf(what, sizeof what, "seed %llu, post %d (%s)",
-                     (unsigned long long)seed, i, op_names[ops[i].k]);
+            snprintf(what, sizeof what, "seed %llu%s, post %d (%s)",
+                     (unsigned long long)seed, reduces ? " (reduces)" : "", i,
+                     op_names[ops[i].k]);
             fail = fail_rc(c, what, rc);
         }
     if (!fail && (rc = weft_wait_all(reqs, (size_t)nops)) != WEFT_OK) {
@@ -243,9 +256,10 @@ int nb_sequence(weft_comm *c, uint64_t seed)
     }
     if (!fail && memcmp(pb, pn, POOL * sizeof(float)) != 0) {
         size_t i = mp_first_diff(pb, pn, POOL, sizeof(float));
-        mp_log("seed %llu, %d operations: pool element %zu is %g after the "
-               "non-blocking run, %g after the blocking one",
-               (unsigned long long)seed, nops, i, (double)pn[i], (double)pb[i]);
+        mp_log("seed %llu%s, %d operations: pool element %zu is %g after "
+               "the non-blocking run, %g after the blocking one",
+               (unsigned long long)seed, reduces ? " (reduces)" : "", nops, i,
+               (double)pn[i], (double)pb[i]);
         fail = 1;
     }
     for (int i = 0; i < nops; i++)

@@ -18,8 +18,11 @@ int nb_every_op(weft_comm *c);
 /* A random sequence (seeded) of up to 64 operations on one pool of memory
  * whose buffers overlap (in place; one's output another's input), posted
  * at once and waited with weft_wait_all, against the same sequence run
- * blocking; then sends whose buffer is rewritten right after their wait. */
-int nb_sequence(weft_comm *c, uint64_t seed);
+ * blocking; then sends whose buffer is rewritten right after their wait.
+ * With reduces, mostly small all_reduces, a third of them reading the
+ * previous one's output (what weft runs in batches, and what splits
+ * them). */
+int nb_sequence(weft_comm *c, uint64_t seed, int reduces);
 
 /* A pipeline: rank r receives micro-batches from r-1, computes, sends to
  * r+1, with the next receive posted while it computes; the last rank

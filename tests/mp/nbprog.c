@@ -28,7 +28,7 @@ int main(int argc, char **argv)
         fail = nb_every_op(c);
     for (uint64_t seed = 1;
          !fail && (all || strcmp(mode, "sequence") == 0) && seed <= 6; seed++)
-        fail = nb_sequence(c, seed);
+        fail = nb_sequence(c, seed, (int)(seed % 2));
     if (!fail && (all || strcmp(mode, "pipeline") == 0))
         fail = nb_pipeline(c);
     if (!fail && (all || strcmp(mode, "threads") == 0))

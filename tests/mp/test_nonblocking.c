@@ -135,7 +135,19 @@ static int sequences(weft_comm *c, void *arg)
 {
     (void)arg;
     for (uint64_t seed = 1; seed <= 12; seed++)
-        if (nb_sequence(c, seed))
+        if (nb_sequence(c, seed, 0))
+            return 1;
+    return 0;
+}
+
+/* Mostly small all_reduces posted at once: run in batches where the
+ * algorithm allows (recursive doubling, the one-exchange gather), split
+ * where one reads what an earlier one writes or the op changes. */
+static int reduce_sequences(weft_comm *c, void *arg)
+{
+    (void)arg;
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        if (nb_sequence(c, seed, 1))
             return 1;
     return 0;
 }
@@ -153,6 +165,30 @@ Test(nonblocking, sequences_mesh_4ranks, .timeout = 120)
 Test(nonblocking, sequences_auto_2ranks, .timeout = 120)
 {
     run_case(sequences, 2, 3, MP_LAYOUT_ONE_HOST, "auto", "sequences");
+}
+
+Test(nonblocking, reduce_sequences_auto_4ranks, .timeout = 120)
+{
+    run_case(reduce_sequences, 4, 1, MP_LAYOUT_ONE_HOST, "auto",
+             "reduce_sequences");
+}
+
+Test(nonblocking, reduce_sequences_auto_3ranks, .timeout = 120)
+{
+    run_case(reduce_sequences, 3, 2, MP_LAYOUT_ONE_HOST, "auto",
+             "reduce_sequences");
+}
+
+Test(nonblocking, reduce_sequences_mesh_4ranks, .timeout = 120)
+{
+    run_case(reduce_sequences, 4, 2, MP_LAYOUT_ONE_HOST, "mesh",
+             "reduce_sequences");
+}
+
+Test(nonblocking, reduce_sequences_ring_3ranks, .timeout = 120)
+{
+    run_case(reduce_sequences, 3, 1, MP_LAYOUT_ONE_HOST, "ring",
+             "reduce_sequences");
 }
 
 /* ---- a pipeline, two threads ---- */
