@@ -131,7 +131,8 @@ int weft__sched_init(weft_comm *c)
 /* Runs d to completion on the calling thread: its deadline starts now.
  * hint: this rank's offer for the next batch (d->batch only). */
 static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
-                  uint64_t seq, uint32_t hint, weft__call *k, weft__task *t)
+                  uint64_t seq, uint32_t hint, uint64_t parts, weft__call *k,
+                  weft__task *t)
 {
     int rc;
 
@@ -153,6 +154,7 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     k->passes = 0;
     k->timeout_ms = timeout_ms;
     k->hint = d->batch ? hint : 0;
+    k->parts = parts;
     weft__task_init(t, &c->x, k, &d->a);
     if ((rc = d->post(t)) == WEFT_OK)
         rc = weft__task_wait(t);
@@ -215,6 +217,22 @@ static uint32_t batch_len(const weft_comm *c, const weft_request *r,
     return n;
 }
 
+/* The digest of a batch's counts, in order, that its headers carry
+ * (weft__call.parts): ranks whose batches hold as many elements split
+ * another way fail with WEFT_EMISMATCH rather than mix operations. Never
+ * 0, the value of a call that is one operation. */
+static uint64_t batch_parts(weft_request *const *b, uint32_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+
+    for (uint32_t i = 0; i < n; i++) {
+        h ^= (uint64_t)b[i]->d.a.count;
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return h != 0 ? h : 1;
+}
+
 /* Runs the n > 1 requests of b as one all_reduce over their inputs end to
  * end, then copies each result out, in post order. */
 static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
@@ -250,7 +268,8 @@ static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
     d.a.sendbuf = c->batch_buf;
     d.a.recvbuf = c->batch_buf;
     d.a.count = total;
-    rc = run_op(c, &d, r->timeout_ms, r->seq, hint, &r->k, &r->t);
+    rc = run_op(c, &d, r->timeout_ms, r->seq, hint, batch_parts(b, n), &r->k,
+                &r->t);
     if (rc != WEFT_OK)
         return rc;
     off = 0;
@@ -353,7 +372,7 @@ static void drive(weft__sched *s, weft_comm *c)
         if (n > 1)
             rc = run_batch(c, (weft_request *const *)b, n, hint);
         else
-            rc = run_op(c, &r->d, r->timeout_ms, r->seq, hint, &r->k, &r->t);
+            rc = run_op(c, &r->d, r->timeout_ms, r->seq, hint, 0, &r->k, &r->t);
         pthread_mutex_lock(&s->mu);
         finish_head(s, c, n, rc);
     }
@@ -457,12 +476,12 @@ int weft__submit(weft_comm *c, const weft__opdesc *d, weft_request **req)
 
         if (!atomic_load(&s->has_thread))
             /* Nothing pending, nobody else drives: run here. */
-            return run_op(c, d, c->x.timeout_ms, seq, 0, &k, &t);
+            return run_op(c, d, c->x.timeout_ms, seq, 0, 0, &k, &t);
         pthread_mutex_lock(&s->mu);
         if (s->head == NULL && !s->driving) {
             s->driving = 1;
             pthread_mutex_unlock(&s->mu);
-            rc = run_op(c, d, c->x.timeout_ms, seq, 0, &k, &t);
+            rc = run_op(c, d, c->x.timeout_ms, seq, 0, 0, &k, &t);
             pthread_mutex_lock(&s->mu);
             s->driving = 0;
             pthread_cond_broadcast(&s->cv);

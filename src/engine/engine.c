@@ -23,9 +23,9 @@
 #include <string.h>
 
 #define HDR_MAGIC 0x57464f50u /* "WFOP" */
-#define HDR_BYTES 44
+#define HDR_BYTES 52
 /* The bytes ranks must agree on; the hint after them may differ. */
-#define HDR_MATCH_BYTES 40
+#define HDR_MATCH_BYTES 48
 /* The tag of a header on a check channel, and of a relayed message's. */
 #define TAG_CHECK 0xffffu
 #define TAG_RELAY 0xfffeu
@@ -43,7 +43,8 @@ typedef struct ophdr {
     uint32_t tag;
     int32_t root;
     uint64_t seq, count, total;
-    uint32_t hint; /* the sender's weft__call.hint when it sent this */
+    uint64_t parts; /* weft__call.parts */
+    uint32_t hint;  /* the sender's weft__call.hint when it sent this */
 } ophdr;
 
 typedef struct frame {
@@ -228,7 +229,8 @@ int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
  * is in: the call's kind, dtype, op, count and root, its sequence number
  * (collectives: the communicator's count of them; point to point: the
  * pair's count of messages that way), the pass within the call, the
- * channel's tag and the bytes that follow on it. A receiver compares it
+ * channel's tag and the bytes that follow on it, and the digest of the
+ * operations a batch is made of. A receiver compares it
  * with its own before it uses a byte after it, so ranks that called
  * different things fail with WEFT_EMISMATCH, and bytes an earlier
  * mismatched call left on a wire never pass for a later call's.
@@ -252,6 +254,7 @@ static ophdr hdr_make(const weft__call *k, int pass, uint32_t tag, uint64_t seq,
         .seq = seq,
         .count = k->count,
         .total = total,
+        .parts = k->parts,
         .hint = k->hint,
     };
     return h;
@@ -269,7 +272,8 @@ static void hdr_encode(uint8_t *b, const ophdr *h)
     weft__put_le64(b + 16, h->seq);
     weft__put_le64(b + 24, h->count);
     weft__put_le64(b + 32, h->total);
-    weft__put_le32(b + 40, h->hint);
+    weft__put_le64(b + 40, h->parts);
+    weft__put_le32(b + 48, h->hint);
 }
 
 static void hdr_decode(const uint8_t *b, ophdr *h)
@@ -284,7 +288,8 @@ static void hdr_decode(const uint8_t *b, ophdr *h)
     h->seq = weft__get_le64(b + 16);
     h->count = weft__get_le64(b + 24);
     h->total = weft__get_le64(b + 32);
-    h->hint = weft__get_le32(b + 40);
+    h->parts = weft__get_le64(b + 40);
+    h->hint = weft__get_le32(b + 48);
 }
 
 /* "broadcast(count 1024, float32, root 1) #7", for messages. */
@@ -342,6 +347,14 @@ static int hdr_check(run *r, const uint8_t *got, const ophdr *want, int peer,
                          "wire?)",
                          c->rank, r->k->name, peer, w, mine);
     hdr_describe(&g, theirs, sizeof theirs);
+    if (strcmp(mine, theirs) == 0 && g.parts != want->parts)
+        return fail_into(c, result, WEFT_EMISMATCH,
+                         "rank %d: peer %d ran %s as a batch of other "
+                         "operations than this rank's (the counts of "
+                         "consecutive all_reduces differ between ranks): "
+                         "ranks must call the same collectives with the "
+                         "same count, dtype, op and root, in the same order",
+                         c->rank, peer, mine);
     if (strcmp(mine, theirs) != 0)
         return fail_into(c, result, WEFT_EMISMATCH,
                          "rank %d: peer %d called %s while this rank "

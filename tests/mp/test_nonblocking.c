@@ -482,6 +482,216 @@ Test(nonblocking, peer_dies_with_requests_pending, .timeout = 60)
     run_ranks(peer_dies, &(struct mp_opts){.nranks = 2, .timeout_ms = 10000});
 }
 
+/* A killed and a stopped peer: ranks 0-2 post ten operations of every
+ * kind, each of which needs rank 3 (or comes after one that does), and
+ * wait for them all; rank 3 is SIGKILLed or SIGSTOPped (arg) 200 ms into
+ * them. On every survivor the first request ends with the cause
+ * (WEFT_EPEER, or WEFT_ETIMEDOUT where the survivor saw only silence), the
+ * other nine with WEFT_EABORTED, each callback once with its request's
+ * result, and all of it within twice the deadline of the post. */
+#define VICTIM_REQS 10
+#define VICTIM_DL_MS 1500
+
+typedef struct {
+    atomic_int calls;
+    atomic_int result;
+} once_log;
+
+static void once_cb(weft_request *req, int result, void *arg)
+{
+    once_log *l = arg;
+
+    (void)req;
+    atomic_store(&l->result, result);
+    atomic_fetch_add(&l->calls, 1);
+}
+
+static int victim_post(weft_comm *c, int i, float *a, float *b,
+                       weft_request **req)
+{
+    const int me = weft_rank(c), n = weft_size(c);
+
+    switch (i % 5) {
+    case 0:
+        return weft_iall_reduce(c, a, b, 256, WEFT_FLOAT32, WEFT_SUM, req);
+    case 1:
+        return weft_iall_gather(c, a, b, 256, WEFT_FLOAT32, req);
+    case 2:
+        return weft_ibroadcast(c, a, 256, WEFT_FLOAT32, n - 1, req);
+    case 3:
+        return weft_ibarrier(c, req);
+    default:
+        return weft_isendrecv(c, a, (me + 1) % n, b, (me + n - 1) % n, 256,
+                              WEFT_FLOAT32, req);
+    }
+}
+
+static int victim_rank(int rank, int nranks, void *arg)
+{
+    static float a[VICTIM_REQS][256], b[VICTIM_REQS][256 * 4];
+    static once_log l[VICTIM_REQS];
+    weft_request *reqs[VICTIM_REQS] = {0};
+    weft_comm *c;
+    double t0, dt, stall;
+    int fail = 0, rc = WEFT_OK, late;
+
+    (void)arg;
+    if (init_all(&c, rank, nranks))
+        return 1;
+    if (rank == nranks - 1) {
+        mp_sleep_ms(200);
+        mp_point(1); /* killed, or stopped for good, here */
+        return 1;
+    }
+    mp_stall_watch_start();
+    t0 = mp_now_ms();
+    for (int i = 0; i < VICTIM_REQS && rc == WEFT_OK; i++)
+        if ((rc = victim_post(c, i, a[i], b[i], &reqs[i])) == WEFT_OK)
+            rc = weft_request_on_complete(reqs[i], once_cb, &l[i]);
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "post", rc);
+    if (!fail)
+        weft_wait_all(reqs, VICTIM_REQS);
+    dt = mp_now_ms() - t0;
+    stall = mp_stall_watch_stop();
+    for (int i = 0; i < VICTIM_REQS && !fail; i++) {
+        int got = weft_wait(reqs[i]);
+        int ok = i == 0 ? got == WEFT_EPEER || got == WEFT_ETIMEDOUT
+                        : got == WEFT_EABORTED;
+
+        if (!ok || atomic_load(&l[i].calls) != 1 ||
+            atomic_load(&l[i].result) != got)
+            fail = (mp_log("request %d: %s, its callback ran %d times with "
+                           "%s: %s",
+                           i, weft_err_name(got), atomic_load(&l[i].calls),
+                           weft_err_name(atomic_load(&l[i].result)),
+                           weft_last_error(c)),
+                    1);
+    }
+    if (!fail)
+        mp_log("all %d requests done after %.0f ms: %s", VICTIM_REQS, dt,
+               weft_last_error(c));
+    for (int i = 0; i < VICTIM_REQS; i++)
+        weft_request_free(reqs[i]);
+    weft_finalize(c);
+    if (fail)
+        return 1;
+    /* Late by no more than this process was kept from running: run again
+     * (MP_EXIT_STALLED), not a failure. */
+    if ((late = dt > 2 * VICTIM_DL_MS) != 0) {
+        mp_log("the requests took %.0f ms, twice the deadline is %d ms "
+               "(stalled %.0f ms)",
+               dt, 2 * VICTIM_DL_MS, stall);
+        if (stall >= dt - 2 * VICTIM_DL_MS)
+            return MP_EXIT_STALLED;
+    }
+    return late;
+}
+
+static void run_victim(enum mp_action_kind kind, enum mp_layout layout,
+                       const char *topology)
+{
+    const struct mp_action act = {3, 1, kind};
+    struct mp_opts o = {
+        .nranks = 4,
+        .layout = layout,
+        .wires = 2,
+        .timeout_ms = VICTIM_DL_MS,
+        .deadline_ms = 30000,
+        .actions = &act,
+        .nactions = 1,
+        .linger_mask = 1u << 3,
+    };
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_TOPOLOGY", topology, 1);
+    for (int attempt = 1;; attempt++) {
+        int stalled = 0;
+
+        cr_assert_eq(mp_run(&o, victim_rank, NULL, &res), 0,
+                     "could not set up the job");
+        for (int r = 0; r < res.nranks; r++)
+            stalled |=
+                res.rank[r].exited && res.rank[r].exit_code == MP_EXIT_STALLED;
+        if (!stalled || attempt == 3)
+            break;
+        mp_log("a rank was stalled by the machine; running the job again");
+    }
+    unsetenv("WEFT_TOPOLOGY");
+    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+}
+
+Test(nonblocking, killed_peer_ten_pending_mesh, .timeout = 90)
+{
+    run_victim(MP_ACT_SIGKILL, MP_LAYOUT_ONE_HOST, "mesh");
+}
+
+Test(nonblocking, stopped_peer_ten_pending_mesh, .timeout = 90)
+{
+    run_victim(MP_ACT_SIGSTOP, MP_LAYOUT_ONE_HOST, "mesh");
+}
+
+Test(nonblocking, killed_peer_ten_pending_ring, .timeout = 90)
+{
+    run_victim(MP_ACT_SIGKILL, MP_LAYOUT_RING, "auto");
+}
+
+Test(nonblocking, stopped_peer_ten_pending_ring, .timeout = 90)
+{
+    run_victim(MP_ACT_SIGSTOP, MP_LAYOUT_RING, "auto");
+}
+
+/* Consecutive all_reduces whose counts differ between the ranks (10 then
+ * 20 on rank 0, 20 then 10 on rank 1) fail with WEFT_EMISMATCH whether
+ * they run alone or as one batch of 30 elements: never mixed. A long
+ * all_reduce in front gives both ranks the time to queue them, so that
+ * the small one before them offers a batch of two. */
+static int batch_mismatch(int rank, int nranks, void *arg)
+{
+    static float big[1 << 20], small[64];
+    const size_t counts[2][2] = {{10, 20}, {20, 10}};
+    const int want[4] = {WEFT_OK, WEFT_OK, WEFT_EMISMATCH, WEFT_EABORTED};
+    weft_request *reqs[4] = {0};
+    weft_comm *c;
+    int fail = 0, rc;
+
+    (void)arg;
+    if (init_all(&c, rank, nranks))
+        return 1;
+    rc = weft_iall_reduce(c, big, big, 1 << 20, WEFT_FLOAT32, WEFT_SUM,
+                          &reqs[0]);
+    if (rc == WEFT_OK)
+        rc = weft_iall_reduce(c, small, small, 4, WEFT_FLOAT32, WEFT_SUM,
+                              &reqs[1]);
+    if (rc == WEFT_OK)
+        rc = weft_iall_reduce(c, small + 8, small + 8, counts[rank][0],
+                              WEFT_FLOAT32, WEFT_SUM, &reqs[2]);
+    if (rc == WEFT_OK)
+        rc = weft_iall_reduce(c, small + 32, small + 32, counts[rank][1],
+                              WEFT_FLOAT32, WEFT_SUM, &reqs[3]);
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "iall_reduce", rc);
+    for (int i = 0; i < 4 && !fail; i++)
+        if ((rc = weft_wait(reqs[i])) != want[i])
+            fail =
+                (mp_log("request %d: %s, expected %s: %s", i, weft_err_name(rc),
+                        weft_err_name(want[i]), weft_last_error(c)),
+                 1);
+    if (!fail)
+        mp_log("as expected: %s", weft_last_error(c));
+    for (int i = 0; i < 4; i++)
+        weft_request_free(reqs[i]);
+    weft_finalize(c);
+    return fail;
+}
+
+Test(nonblocking, batch_of_mismatched_counts, .timeout = 60)
+{
+    run_ranks(batch_mismatch,
+              &(struct mp_opts){.nranks = 2, .timeout_ms = 10000});
+}
+
 static void *abort_soon(void *arg)
 {
     mp_sleep_ms(200);

@@ -44,7 +44,7 @@ static ssize_t try_send(conn *k, const uv_buf_t *bufs, int n)
 
 /* A connection's error as weft's code: a peer that closed or reset it is
  * WEFT_EPEER, whichever call noticed; anything else is the transport's. */
-static int conn_err_code(int uverr)
+int weft__tcp_err_code(int uverr)
 {
     switch (uverr) {
     case UV_EOF:
@@ -72,7 +72,7 @@ static void rx_fail(conn *k)
             tp->rank, k->peer, k->wire, k->name);
     else
         weft__tcp_fail(
-            tp, conn_err_code(k->rx_end),
+            tp, weft__tcp_err_code(k->rx_end),
             "rank %d: receive from peer %d on wire %d (%s) failed: %s",
             tp->rank, k->peer, k->wire, k->name, uv_strerror(k->rx_end));
 }
@@ -84,8 +84,8 @@ static void tx_failed(conn *k, int uverr)
 {
     tcp_tp *tp = k->tp;
 
-    if (conn_err_code(uverr) != WEFT_EPEER) {
-        weft__tcp_fail(tp, conn_err_code(uverr),
+    if (weft__tcp_err_code(uverr) != WEFT_EPEER) {
+        weft__tcp_fail(tp, weft__tcp_err_code(uverr),
                        "rank %d: send to peer %d on wire %d (%s) failed: %s",
                        tp->rank, k->peer, k->wire, k->name, uv_strerror(uverr));
         return;

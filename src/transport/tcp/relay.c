@@ -48,8 +48,18 @@ static void relay_write_cb(uv_write_t *req, int status)
     if (tp->shut)
         return;
     if (status < 0) {
-        if (x != NULL)
-            weft__tcp_fail(tp, WEFT_EPEER,
+        int code = weft__tcp_err_code(status);
+
+        if (x != NULL && code == WEFT_EPEER) {
+            if (tp->err == 0)
+                tp->lost_peer = k->peer;
+            weft__tcp_fail(tp, code,
+                           "rank %d: neighbour %d closed or reset the relay "
+                           "connection while this rank was relaying to rank "
+                           "%d through it (%s)",
+                           tp->rank, k->peer, x->peer, uv_strerror(status));
+        } else if (x != NULL)
+            weft__tcp_fail(tp, code,
                            "rank %d: relaying to rank %d through neighbour %d "
                            "failed: %s",
                            tp->rank, x->peer, k->peer, uv_strerror(status));

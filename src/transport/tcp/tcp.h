@@ -213,8 +213,10 @@ void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
 void weft__tcp_conn_close(conn *k);
 void weft__tcp_timer_cb(uv_timer_t *t);
 
-/* data.c: a data wire's reads (from the moment it is up), and the ops
- * table's posting and progress. */
+/* data.c: a data wire's reads (from the moment it is up), the ops
+ * table's posting and progress, and the code of a failed read or write
+ * (WEFT_EPEER where the peer closed or reset its end). */
+int weft__tcp_err_code(int uverr);
 void weft__tcp_data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 int weft__tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x);
