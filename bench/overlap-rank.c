@@ -10,6 +10,10 @@
  *   compute    a fixed loop calibrated on each rank to take about `comm`;
  *   overlap    an iall_reduce of B bytes posted, the loop, then the wait;
  *              ratio = overlap / max(comm, compute), target <= 1.2;
+ *   loaded     the blocking all_reduce while a second thread of the rank
+ *              runs the loop: the same load on the cores as overlap with
+ *              nothing asked of weft's progress thread, so overlap / loaded
+ *              is what weft adds to what the host's cores allow;
  *   blocking   N (default 64) blocking all_reduces of S bytes (4 KiB);
  *   posted     the same N posted with weft_iall_reduce, then one
  *              weft_wait_all; ratio = posted / blocking, target <= 0.5.
@@ -18,6 +22,7 @@
  * Exit status 0, or 1 when a weft call failed or a result differed.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +50,12 @@ static void compute(uint64_t iters)
     for (uint64_t i = 0; i < iters; i++)
         x = x * 1.0000001 + 1e-7;
     sink = x;
+}
+
+static void *compute_thread(void *arg)
+{
+    compute(*(const uint64_t *)arg);
+    return NULL;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -123,11 +134,12 @@ int main(int argc, char **argv)
     double *comm = calloc((size_t)reps, sizeof(double)),
            *comp = calloc((size_t)reps, sizeof(double)),
            *ovl = calloc((size_t)reps, sizeof(double)),
+           *ldd = calloc((size_t)reps, sizeof(double)),
            *blk = calloc((size_t)reps, sizeof(double)),
            *pst = calloc((size_t)reps, sizeof(double));
 
-    if (!in || !out || !sin || !sb || !sp || !reqs || !comm || !comp ||
-        !ovl || !blk || !pst) {
+    if (!in || !out || !sin || !sb || !sp || !reqs || !comm || !comp || !ovl ||
+        !ldd || !blk || !pst) {
         fprintf(stderr, "overlap-rank: out of memory\n");
         return 1;
     }
@@ -185,6 +197,21 @@ int main(int argc, char **argv)
         ovl[k] = slowest(c, now_us() - t0);
         weft_request_free(r);
 
+        {
+            pthread_t th;
+
+            check(weft_barrier(c), "barrier");
+            t0 = now_us();
+            if (pthread_create(&th, NULL, compute_thread, &iters) != 0) {
+                fprintf(stderr, "overlap-rank: pthread_create failed\n");
+                return 1;
+            }
+            check(weft_all_reduce(c, in, out, n, WEFT_FLOAT32, WEFT_SUM),
+                  "all_reduce");
+            pthread_join(th, NULL);
+            ldd[k] = slowest(c, now_us() - t0);
+        }
+
         check(weft_barrier(c), "barrier");
         t0 = now_us();
         for (int i = 0; i < nb; i++)
@@ -207,6 +234,7 @@ int main(int argc, char **argv)
             bad = 1;
     }
     double comp_us = median(comp, reps), ovl_us = median(ovl, reps);
+    double ldd_us = median(ldd, reps);
     double blk_us = median(blk, reps), pst_us = median(pst, reps);
     double mx = comm_us > comp_us ? comm_us : comp_us;
 
@@ -217,6 +245,8 @@ int main(int argc, char **argv)
         printf("compute_us %.1f\n", comp_us);
         printf("overlap_us %.1f\n", ovl_us);
         printf("overlap_ratio %.3f\n", ovl_us / mx);
+        printf("loaded_us %.1f\n", ldd_us);
+        printf("overlap_vs_loaded %.3f\n", ovl_us / ldd_us);
         printf("batch %d x %zu B\n", nb, sbytes);
         printf("blocking_us %.1f\n", blk_us);
         printf("posted_us %.1f\n", pst_us);
@@ -234,6 +264,7 @@ int main(int argc, char **argv)
     free(comm);
     free(comp);
     free(ovl);
+    free(ldd);
     free(blk);
     free(pst);
     return bad;

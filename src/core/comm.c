@@ -3,6 +3,7 @@
  * are in ops.c, their requests in request.c.
  */
 #include "core/internal.h"
+#include "core/select.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -99,6 +100,8 @@ int weft_init(weft_comm **out)
     for (int p = 0; p < c->x.nranks; p++)
         if (p != c->x.rank && c->x.tpo->nwires(c->x.tp, p) == 0)
             c->relays = 1;
+    if (c->x.tp != NULL)
+        c->topo = weft__topology(&c->x);
     /* A rank that forwards relayed messages keeps doing it between its
      * own operations. */
     if (c->relays && (rc = weft__sched_relays(c)) != 0) {

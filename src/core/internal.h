@@ -22,6 +22,7 @@ struct weft_comm {
     struct weft__tp_params *tpp; /* what the transport was created with */
     struct weft__sched *s;       /* its requests and progress thread */
     int relays; /* some peer has no wires: this rank may forward */
+    int topo;   /* the topology in effect (weft__topology, select.c) */
     /* An operation has returned the failure's code (every later one
      * returns WEFT_EABORTED); 0 while a failure found between operations
      * (a relay's) has not been reported yet. */

@@ -53,7 +53,7 @@ static int collective(weft_comm *c, weft__opdesc *d, int kind, const char *name,
     d->kind = kind;
     d->name = name;
     d->redop = redop;
-    d->post = weft__select(&c->x, kind, &d->a);
+    d->post = weft__select(&c->x, c->topo, kind, &d->a);
     d->batch = 0;
     return WEFT_OK;
 }

@@ -99,7 +99,7 @@ int weft__direct_ok(const weft__ctx *c)
     return 1;
 }
 
-static int topology_class(const weft__ctx *c)
+int weft__topology(const weft__ctx *c)
 {
     if (!weft__direct_ok(c))
         return ON_RING;
@@ -123,10 +123,9 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
     }
 }
 
-weft__algo_fn weft__select(const weft__ctx *c, int kind, const weft__args *a)
+weft__algo_fn weft__select(const weft__ctx *c, int on, int kind,
+                           const weft__args *a)
 {
-    int on = topology_class(c);
-
     for (size_t i = 0; i < sizeof algos / sizeof algos[0]; i++) {
         const struct algo_row *row = &algos[i];
         if (row->kind == kind && (row->on & on) && size_fits(c, row->sizes, a))

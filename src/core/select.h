@@ -6,9 +6,15 @@
 
 #include "coll/coll.h"
 
+/* The topology in effect on c, for weft__select: computed once, when the
+ * transport is up (its wires do not change afterwards). */
+int weft__topology(const weft__ctx *c);
+
 /* The algorithm that runs operation `kind` (WEFT__OP_*) with arguments a
- * on c: never NULL for the collective kinds. */
-weft__algo_fn weft__select(const weft__ctx *c, int kind, const weft__args *a);
+ * on c, whose topology is topo (weft__topology): never NULL for the
+ * collective kinds. */
+weft__algo_fn weft__select(const weft__ctx *c, int topo, int kind,
+                           const weft__args *a);
 
 /* 1 when consecutive all_reduces that fn runs may be run as one over
  * their inputs laid end to end (core/request.c): fn's passes hear from

@@ -66,8 +66,6 @@ typedef struct wstate {
     size_t s_frame; /* next frame of the step's region on this wire */
     int s_hdr;
     int s_head, s_count;
-    frame s_fr[FIFO_CAP];
-    uint8_t s_hdrbuf[HDR_BYTES];
     /* receive side */
     int r_step;
     size_t r_frame;
@@ -76,7 +74,11 @@ typedef struct wstate {
     int r_slot;
     int d_step;   /* last step with a completed frame, -1 if none */
     size_t d_end; /* end offset in that step's buffer of the done frames */
+    /* From here on, each is written before it is read (a pass starts by
+     * zeroing what is above only). */
+    frame s_fr[FIFO_CAP];
     frame r_fr[FIFO_CAP];
+    uint8_t s_hdrbuf[HDR_BYTES];
     uint8_t r_hdrbuf[HDR_BYTES];
 } wstate;
 
@@ -113,25 +115,32 @@ typedef struct relay_xfer {
 typedef struct weft__pass {
     weft__ctx *c;
     weft__call *k;
-    weft__op op; /* its lanes; the pass owns their steps */
     size_t frame;
     int err;
-    int pass;                /* this pass's number in the call */
-    int sw[WEFT__MAX_LANES]; /* wires to the lane's send peer */
-    int rw[WEFT__MAX_LANES]; /* wires to the lane's receive peer */
-    uint64_t sseq[WEFT__MAX_LANES];
-    uint64_t rseq[WEFT__MAX_LANES];
+    int pass; /* this pass's number in the call */
     int nchecks;
-    check checks[WEFT__MAX_LANES * 2];
-    uint64_t stotal[WEFT__MAX_LANES];
-    uint64_t rtotal[WEFT__MAX_LANES];
-    wstate *ws[WEFT__MAX_LANES]; /* max(sw, rw) entries per lane */
     /* Relayed point to point (see below): each way, a header then bytes;
      * done from the start for a way that is left out. */
     int rdst, rsrc;
     uint8_t rl_shdr[HDR_BYTES], rl_rhdr[HDR_BYTES];
     ophdr rl_want;
     relay_xfer rl_sh, rl_sx, rl_rh, rl_rx;
+    /* A pass starts by zeroing what is above; below, what it sets for
+     * each of its op's lanes, and what the engine's spare pass keeps for
+     * the next one. */
+    weft__op op;             /* its lanes; the pass owns their steps */
+    int sw[WEFT__MAX_LANES]; /* wires to the lane's send peer */
+    int rw[WEFT__MAX_LANES]; /* wires to the lane's receive peer */
+    uint64_t sseq[WEFT__MAX_LANES];
+    uint64_t rseq[WEFT__MAX_LANES];
+    uint64_t stotal[WEFT__MAX_LANES];
+    uint64_t rtotal[WEFT__MAX_LANES];
+    wstate *ws[WEFT__MAX_LANES]; /* max(sw, rw) entries per lane, in wsmem */
+    /* The wires' states (wscap of them), and the check channels, each
+     * zeroed when planned. */
+    wstate *wsmem;
+    size_t wscap;
+    check checks[WEFT__MAX_LANES * 2];
 } run;
 
 static void pump_lane(run *r, int lane);
@@ -723,6 +732,8 @@ void weft__engine_free(weft__ctx *c)
          i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * WEFT__RECV_DEPTH; i++)
         free(e->stage[i]);
     free(e->stage);
+    if (e->spare != NULL)
+        free(e->spare->wsmem);
     free(e->spare);
     free(e);
     c->eng = NULL;
@@ -779,6 +790,7 @@ static void plan_checks(run *r)
         if (sends && recvs)
             continue;
         k = &r->checks[r->nchecks++];
+        memset(k, 0, sizeof *k);
         k->run = r;
         k->peer = p;
         k->send = !sends;
@@ -936,13 +948,48 @@ static int start_error(weft__ctx *c, weft__call *k, weft__op *op, int err,
 /* Frees the pass's own memory; the engine keeps one for the next pass. */
 static void pass_free(weft__ctx *c, weft__pass *r)
 {
-    for (int l = 0; l < r->op.nlanes; l++)
-        free(r->ws[l]);
     op_free_steps(&r->op);
-    if (c->eng != NULL && c->eng->spare == NULL)
+    if (c->eng != NULL && c->eng->spare == NULL) {
         c->eng->spare = r;
-    else
+    } else {
+        free(r->wsmem);
         free(r);
+    }
+}
+
+/* Points each lane of r at its wires' states, zeroed but for what each
+ * is (r->wsmem grows where the pass needs more than the last one). */
+static int pass_wires(run *r)
+{
+    size_t need = 0, at = 0;
+
+    for (int l = 0; l < r->op.nlanes; l++)
+        need += (size_t)(r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l]);
+    if (need > r->wscap) {
+        wstate *m = malloc(need * sizeof *m);
+
+        if (m == NULL)
+            return WEFT_ENOMEM;
+        free(r->wsmem);
+        r->wsmem = m;
+        r->wscap = need;
+    }
+    for (int l = 0; l < r->op.nlanes; l++) {
+        int n = r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
+
+        r->ws[l] = r->wsmem + at;
+        at += (size_t)n;
+        for (int w = 0; w < n; w++) {
+            wstate *ws = &r->ws[l][w];
+
+            memset(ws, 0, offsetof(wstate, s_fr));
+            ws->run = r;
+            ws->lane = l;
+            ws->w = w;
+            ws->d_step = -1;
+        }
+    }
+    return WEFT_OK;
 }
 
 int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
@@ -986,13 +1033,16 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     }
     if ((r = c->eng->spare) != NULL) {
         c->eng->spare = NULL;
-        memset(r, 0, sizeof *r);
+        memset(r, 0, offsetof(run, op));
     } else if ((r = calloc(1, sizeof *r)) == NULL)
         return start_error(c, k, op, WEFT_ENOMEM, "rank %d: %s: out of memory",
                            c->rank, k->name);
     r->c = c;
     r->k = k;
-    r->op = *op;
+    /* The op's own fields and its lanes, not the unused ones. */
+    memcpy(&r->op, op,
+           offsetof(weft__op, lanes) +
+               (size_t)op->nlanes * sizeof op->lanes[0]);
     op->nlanes = 0; /* the steps are the pass's now */
     op = &r->op;
     r->frame = c->cfg->frame_bytes;
@@ -1002,24 +1052,16 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     r->rl_sh.done = r->rl_sx.done = r->rdst < 0;
     r->rl_rh.done = r->rl_rx.done = r->rsrc < 0;
     for (int l = 0; l < op->nlanes; l++) {
-        const weft__lane *ln = &op->lanes[l];
-        int n;
-
         r->sw[l] = sw[l];
         r->rw[l] = rw[l];
-        n = r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
-        r->ws[l] = calloc((size_t)(n > 0 ? n : 1), sizeof(wstate));
-        if (r->ws[l] == NULL) {
-            engine_fail(r, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank,
-                        k->name);
-            break;
-        }
-        for (int w = 0; w < n; w++) {
-            r->ws[l][w].run = r;
-            r->ws[l][w].lane = l;
-            r->ws[l][w].w = w;
-            r->ws[l][w].d_step = -1;
-        }
+    }
+    if (pass_wires(r) != WEFT_OK)
+        engine_fail(r, WEFT_ENOMEM, "rank %d: %s: out of memory", c->rank,
+                    k->name);
+    for (int l = 0; l < op->nlanes && r->err == 0; l++) {
+        const weft__lane *ln = &op->lanes[l];
+
+        r->stotal[l] = r->rtotal[l] = 0;
         for (int s = 0; s < ln->nsteps; s++) {
             r->stotal[l] += ln->steps[s].send_len;
             r->rtotal[l] += ln->steps[s].recv_len;
