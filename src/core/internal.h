@@ -44,7 +44,6 @@ typedef struct weft__opdesc {
     int redop;    /* -1 where the call has none */
     weft__args a; /* a.root: -1 where the call has none */
     weft__algo_fn post;
-    int batch; /* an all_reduce that may run in a batch (weft__batchable) */
 } weft__opdesc;
 
 /* ---- request.c ---- */

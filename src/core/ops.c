@@ -54,7 +54,6 @@ static int collective(weft_comm *c, weft__opdesc *d, int kind, const char *name,
     d->name = name;
     d->redop = redop;
     d->post = weft__select(&c->x, c->topo, kind, &d->a);
-    d->batch = 0;
     return WEFT_OK;
 }
 
@@ -125,12 +124,8 @@ static int all_reduce(weft_comm *c, const char *name, const void *sendbuf,
                       void *recvbuf, size_t count, weft_dtype dtype,
                       weft_redop op, weft__opdesc *d)
 {
-    int rc = two_buffers(c, name, WEFT__OP_ALL_REDUCE, "all_reduce", sendbuf,
-                         recvbuf, count, dtype, 1, 1, op, d);
-
-    if (rc == WEFT_OK)
-        d->batch = weft__batchable(d->post);
-    return rc;
+    return two_buffers(c, name, WEFT__OP_ALL_REDUCE, "all_reduce", sendbuf,
+                       recvbuf, count, dtype, 1, 1, op, d);
 }
 
 static int all_gather(weft_comm *c, const char *name, const void *sendbuf,
@@ -217,7 +212,6 @@ static int sendrecv(weft_comm *c, const char *name, int halves,
     d->redop = -1;
     d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, dst, src};
     d->post = weft__sendrecv_post;
-    d->batch = 0;
     return WEFT_OK;
 }
 

@@ -44,6 +44,7 @@
  */
 #include "core/internal.h"
 
+#include "core/select.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -129,11 +130,12 @@ int weft__sched_init(weft_comm *c)
 /* ---- running one operation (the driver, without the lock) ---- */
 
 /* Runs d to completion on the calling thread: its deadline starts now.
- * hint: this rank's offer for the next batch (d->batch only). */
+ * hint: this rank's offer for the next batch (batchable d only). */
 static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
                   uint64_t seq, uint32_t hint, uint64_t parts, weft__call *k,
                   weft__task *t)
 {
+    const int batchable = weft__batchable(d->post);
     int rc;
 
     if (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted)) {
@@ -153,7 +155,7 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     k->seq = seq;
     k->passes = 0;
     k->timeout_ms = timeout_ms;
-    k->hint = d->batch ? hint : 0;
+    k->hint = batchable ? hint : 0;
     k->parts = parts;
     weft__task_init(t, &c->x, k, &d->a);
     if ((rc = d->post(t)) == WEFT_OK)
@@ -161,7 +163,7 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     if (rc != WEFT_OK && atomic_load(&c->x.fail.code) != 0)
         atomic_store(&c->reported, 1);
     /* Every rank's hint, lowered to the minimum by the call's headers. */
-    c->batch_next = rc == WEFT_OK && d->batch ? k->hint : 0;
+    c->batch_next = rc == WEFT_OK && batchable ? k->hint : 0;
     return rc;
 }
 
@@ -194,14 +196,14 @@ static uint32_t batch_len(const weft_comm *c, const weft_request *r,
     size_t es, total = 0;
     uint32_t n = 0;
 
-    if (r == NULL || !r->d.batch)
+    if (r == NULL || !weft__batchable(r->d.post))
         return 0;
     es = weft_dtype_size(r->d.a.dtype);
     for (const weft_request *q = r; q != NULL && n < max; q = q->next) {
         const weft__args *a = &q->d.a;
         size_t bytes = a->count * es;
 
-        if (!q->d.batch || q->d.post != r->d.post || a->dtype != r->d.a.dtype ||
+        if (q->d.post != r->d.post || a->dtype != r->d.a.dtype ||
             a->op != r->d.a.op || q->timeout_ms != r->timeout_ms)
             break;
         if (n > 0 &&
@@ -233,6 +235,22 @@ static uint64_t batch_parts(weft_request *const *b, uint32_t n)
     return h != 0 ? h : 1;
 }
 
+/* Copies each request's input into buf, end to end (in), or its result
+ * out of buf into its receive buffer. */
+static void batch_copy(weft_request *const *b, uint32_t n, size_t es, char *buf,
+                       int in)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        size_t bytes = b[i]->d.a.count * es;
+
+        if (in)
+            memcpy(buf, b[i]->d.a.sendbuf, bytes);
+        else
+            memcpy(b[i]->d.a.recvbuf, buf, bytes);
+        buf += bytes;
+    }
+}
+
 /* Runs the n > 1 requests of b as one all_reduce over their inputs end to
  * end, then copies each result out, in post order. */
 static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
@@ -241,7 +259,7 @@ static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
     weft_request *r = b[0];
     const size_t es = weft_dtype_size(r->d.a.dtype);
     weft__opdesc d = r->d;
-    size_t total = 0, off = 0;
+    size_t total = 0;
     int rc;
 
     for (uint32_t i = 0; i < n; i++)
@@ -259,27 +277,15 @@ static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
         c->batch_buf = p;
         c->batch_bytes = total * es;
     }
-    for (uint32_t i = 0; i < n; i++) {
-        size_t bytes = b[i]->d.a.count * es;
-
-        memcpy(c->batch_buf + off, b[i]->d.a.sendbuf, bytes);
-        off += bytes;
-    }
+    batch_copy(b, n, es, c->batch_buf, 1);
     d.a.sendbuf = c->batch_buf;
     d.a.recvbuf = c->batch_buf;
     d.a.count = total;
     rc = run_op(c, &d, r->timeout_ms, r->seq, hint, batch_parts(b, n), &r->k,
                 &r->t);
-    if (rc != WEFT_OK)
-        return rc;
-    off = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        size_t bytes = b[i]->d.a.count * es;
-
-        memcpy(b[i]->d.a.recvbuf, c->batch_buf + off, bytes);
-        off += bytes;
-    }
-    return WEFT_OK;
+    if (rc == WEFT_OK)
+        batch_copy(b, n, es, c->batch_buf, 0);
+    return rc;
 }
 
 /* ---- completion (s->mu held) ---- */
@@ -361,7 +367,7 @@ static void drive(weft__sched *s, weft_comm *c)
         uint32_t n = 1, hint = 0;
         int rc;
 
-        if (r->d.batch) {
+        if (weft__batchable(r->d.post)) {
             /* The batch the ranks agreed on (every rank has it queued:
              * each offered no more than it had), and this rank's offer
              * for the next. */
