@@ -145,6 +145,20 @@ typedef struct weft__pass {
 
 static void pump_lane(run *r, int lane);
 
+/* How many wire states lane l has: one per wire it sends or receives on. */
+static int lane_wires(const run *r, int l)
+{
+    return r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
+}
+
+/* Frees a pass's memory, the engine's spare included. */
+static void pass_destroy(weft__pass *r)
+{
+    if (r != NULL)
+        free(r->wsmem);
+    free(r);
+}
+
 /* Wire w's region of a step of len bytes over nw wires; len 0 or an unused
  * wire gives an empty region. */
 static weft__region step_region(const run *r, size_t len, int nw, int w)
@@ -587,7 +601,7 @@ static void pump_recv(run *r, int lane, wstate *ws)
 
 static void pump_lane(run *r, int lane)
 {
-    int n = r->sw[lane] > r->rw[lane] ? r->sw[lane] : r->rw[lane];
+    int n = lane_wires(r, lane);
 
     for (int w = 0; w < n && r->err == 0; w++) {
         if (w < r->rw[lane])
@@ -600,7 +614,7 @@ static void pump_lane(run *r, int lane)
 static int lane_done(const run *r, int lane)
 {
     const weft__lane *ln = &r->op.lanes[lane];
-    int n = r->sw[lane] > r->rw[lane] ? r->sw[lane] : r->rw[lane];
+    int n = lane_wires(r, lane);
 
     for (int w = 0; w < n; w++) {
         const wstate *ws = &r->ws[lane][w];
@@ -732,9 +746,7 @@ void weft__engine_free(weft__ctx *c)
          i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * WEFT__RECV_DEPTH; i++)
         free(e->stage[i]);
     free(e->stage);
-    if (e->spare != NULL)
-        free(e->spare->wsmem);
-    free(e->spare);
+    pass_destroy(e->spare);
     free(e);
     c->eng = NULL;
 }
@@ -949,12 +961,10 @@ static int start_error(weft__ctx *c, weft__call *k, weft__op *op, int err,
 static void pass_free(weft__ctx *c, weft__pass *r)
 {
     op_free_steps(&r->op);
-    if (c->eng != NULL && c->eng->spare == NULL) {
+    if (c->eng != NULL && c->eng->spare == NULL)
         c->eng->spare = r;
-    } else {
-        free(r->wsmem);
-        free(r);
-    }
+    else
+        pass_destroy(r);
 }
 
 /* Points each lane of r at its wires' states, zeroed but for what each
@@ -964,7 +974,7 @@ static int pass_wires(run *r)
     size_t need = 0, at = 0;
 
     for (int l = 0; l < r->op.nlanes; l++)
-        need += (size_t)(r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l]);
+        need += (size_t)lane_wires(r, l);
     if (need > r->wscap) {
         wstate *m = malloc(need * sizeof *m);
 
@@ -975,7 +985,7 @@ static int pass_wires(run *r)
         r->wscap = need;
     }
     for (int l = 0; l < r->op.nlanes; l++) {
-        int n = r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l];
+        int n = lane_wires(r, l);
 
         r->ws[l] = r->wsmem + at;
         at += (size_t)n;
@@ -1114,7 +1124,7 @@ void weft__pass_end(weft__pass *r, int rc)
     /* The design's invariant: an operation that ends has no frame in
      * flight on any wire (a failed one is shut down below instead). */
     for (int l = 0; rc == 0 && l < r->op.nlanes; l++)
-        for (int w = 0; w < (r->sw[l] > r->rw[l] ? r->sw[l] : r->rw[l]); w++)
+        for (int w = 0; w < lane_wires(r, l); w++)
             assert(r->ws[l][w].s_count == 0 && r->ws[l][w].r_count == 0);
 #endif
     if (rc != WEFT_OK) {
