@@ -820,6 +820,37 @@ int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg,
     return 0;
 }
 
+int mp_timing_verdict(double dt, double bound_ms, double stall_ms)
+{
+    if (dt <= bound_ms)
+        return 0;
+    if (stall_ms >= dt - bound_ms) {
+        mp_log("%.0f ms against a bound of %.0f ms, but the process was "
+               "stalled for %.0f ms",
+               dt, bound_ms, stall_ms);
+        return MP_EXIT_STALLED;
+    }
+    return 1;
+}
+
+int mp_run_timed(const struct mp_opts *o, mp_rank_fn fn, void *arg,
+                 struct mp_result *res, const char *what)
+{
+    for (int attempt = 1;; attempt++) {
+        int stalled = 0, rc = mp_run(o, fn, arg, res);
+
+        if (rc != 0)
+            return rc;
+        for (int r = 0; r < res->nranks; r++)
+            stalled |= res->rank[r].exited &&
+                       res->rank[r].exit_code == MP_EXIT_STALLED;
+        if (!stalled || attempt == 3)
+            return 0;
+        mp_log("%s: a rank was stalled by the machine; running it again",
+               what);
+    }
+}
+
 int mp_all_passed(const struct mp_result *res)
 {
     if (res->nranks < 1)

@@ -155,6 +155,19 @@ double mp_stall_watch_stop(void);
 /* The exit status of a rank that found its timing spoiled by a stall. */
 #define MP_EXIT_STALLED 77
 
+/* A rank's verdict on a call that took dt ms against bound_ms: 0 in time,
+ * MP_EXIT_STALLED late by no more than the process was kept from running
+ * (stall_ms, mp_stall_watch_stop; this is logged), 1 late. */
+int mp_timing_verdict(double dt, double bound_ms, double stall_ms);
+
+/* mp_run for a job whose ranks check a timing bound: a job in which a rank
+ * exited MP_EXIT_STALLED runs again, three times at most, so only a late
+ * call that the process had the time to avoid fails. Returns mp_run's
+ * result for the last run (res describes it); what names the job in the
+ * log. */
+int mp_run_timed(const struct mp_opts *o, mp_rank_fn fn, void *arg,
+                 struct mp_result *res, const char *what);
+
 /* Sleeps for ms milliseconds (restarting after signals). */
 void mp_sleep_ms(int ms);
 

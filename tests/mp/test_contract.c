@@ -79,41 +79,13 @@ static int check_msg(const weft_comm *c, const char *what, int rc)
     return 1;
 }
 
-/* Runs a job whose ranks check a timing bound; a rank that was late only
- * because the machine stalled it (MP_EXIT_STALLED) makes the job run
- * again, three times at most: only a late call that the process had the
- * time to avoid fails. */
+/* Runs a job whose ranks check a timing bound (mp_run_timed): only a late
+ * call that the process had the time to avoid fails. */
 static void run_timed(const struct mp_opts *o, mp_rank_fn fn, void *arg,
                       struct mp_result *res, const char *what)
 {
-    for (int attempt = 1;; attempt++) {
-        int stalled = 0;
-        cr_assert_eq(mp_run(o, fn, arg, res), 0);
-        for (int r = 0; r < res->nranks; r++)
-            stalled |= res->rank[r].exited &&
-                       res->rank[r].exit_code == MP_EXIT_STALLED;
-        if (!stalled || attempt == 3)
-            break;
-        mp_log("%s: a rank was stalled by the machine; running it again",
-               what);
-    }
+    cr_assert_eq(mp_run_timed(o, fn, arg, res, what), 0);
     assert_passed(res, what);
-}
-
-/* A rank's verdict on a call that took dt ms against bound_ms: 0 in time,
- * MP_EXIT_STALLED late by no more than the process was kept from running
- * (stall_ms, mp_stall_watch_stop), 1 late. */
-static int timing_verdict(double dt, double bound_ms, double stall_ms)
-{
-    if (dt <= bound_ms)
-        return 0;
-    if (stall_ms >= dt - bound_ms) {
-        mp_log("%.0f ms against a bound of %.0f ms, but the process was "
-               "stalled for %.0f ms",
-               dt, bound_ms, stall_ms);
-        return MP_EXIT_STALLED;
-    }
-    return 1;
 }
 
 static int finalize(weft_comm *c)
@@ -472,7 +444,7 @@ static int doubling_rank(int rank, int nranks, void *arg)
         mp_log("all_reduce succeeded without rank 0");
         fail = 1;
     }
-    int late = timing_verdict(dt, DL_MS + LATE_MS(DL_MS), stall);
+    int late = mp_timing_verdict(dt, DL_MS + LATE_MS(DL_MS), stall);
     if (late == 1)
         mp_log("all_reduce returned %.0f ms after it started: its deadline "
                "is %d ms",
@@ -536,7 +508,7 @@ static int split_sendrecv_rank(int rank, int nranks, void *arg)
             mp_log("expected WEFT_ETIMEDOUT: rank 2 sends nothing");
             fail = 1;
         }
-        int late = timing_verdict(dt, DL_MS + LATE_MS(DL_MS), stall);
+        int late = mp_timing_verdict(dt, DL_MS + LATE_MS(DL_MS), stall);
         if (late == 1)
             mp_log("sendrecv returned %.0f ms after it started: its "
                    "deadline is %d ms",
