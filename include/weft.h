@@ -109,6 +109,53 @@ WEFT_EXPORT size_t weft_dtype_size(weft_dtype dtype);
  * weft_last_error(NULL) says what went wrong and what to set. */
 WEFT_EXPORT int weft_init(weft_comm **out);
 
+/* A communicator without the environment, for frameworks that start their
+ * own processes and carry addresses in their own key-value store (PyTorch's
+ * c10d Store, for example). */
+typedef struct weft_listener weft_listener;
+
+/* Binds a listening TCP socket on host (an IPv4 address or a name that
+ * resolves to one; NULL: 127.0.0.1) at a port the system picks, and writes
+ * "addr:port" into addr (addrlen bytes; 22 always suffice). Hand the string
+ * to the other ranks and the listener to weft_init_config. WEFT_EINVAL for a
+ * NULL out or addr, or addr too short; WEFT_ECONFIG where host does not
+ * resolve; WEFT_ETRANSPORT where the socket cannot be bound.
+ * weft_last_error(NULL) says which. */
+WEFT_EXPORT int weft_listener_open(weft_listener **out, const char *host,
+                                   char *addr, size_t addrlen);
+/* Closes a listener that was not handed to weft_init_config. NULL is a
+ * no-op. */
+WEFT_EXPORT int weft_listener_close(weft_listener *l);
+
+/* Zero-initialise and set what you need. A field left zero or NULL comes
+ * from the environment variable weft_init reads for it (or its default);
+ * a field that is set is never looked up there, and nothing is written to
+ * the environment. */
+typedef struct {
+    int rank, size;            /* required: 0 <= rank < size */
+    const char *hostfile_text; /* a hostfile in any accepted form, or NULL */
+    const char *const *addrs;  /* or: size "addr:port" strings, rank order
+                                  (weft_listener_open's), one link between
+                                  every pair of ranks */
+    weft_listener *listener;   /* this rank's (with addrs); taken over by
+                                  weft_init_config, even on failure */
+    const char *token;         /* 32 hex digits, or NULL: WEFT_JOB_TOKEN */
+    int timeout_ms;            /* 0: WEFT_TIMEOUT_MS or the default */
+    int connect_timeout_ms;    /* 0: WEFT_CONNECT_TIMEOUT_MS or default */
+    int wires;                 /* 0: WEFT_WIRES or 1 */
+    const char *transport;     /* NULL: WEFT_TRANSPORT or "tcp" */
+    const char *topology;      /* NULL: WEFT_TOPOLOGY or "auto" */
+} weft_config;
+
+/* weft_init from *cfg instead of the environment. Neither hostfile_text
+ * nor addrs: WEFT_HOSTFILE or WEFT_HOSTFILE_TEXT (for size 1, none: a job
+ * of one rank needs no addresses);
+ * both: WEFT_ECONFIG. With addrs, rank r is reached at addrs[r], which for
+ * this rank must be its listener's address. Any number of communicators may
+ * live in one process at once, made from any threads. Failures as
+ * weft_init's, the message naming the weft_config field. */
+WEFT_EXPORT int weft_init_config(weft_comm **out, const weft_config *cfg);
+
 /* Closes every connection and frees everything. NULL is a no-op. Returns
  * promptly even on a failed communicator. Always frees c. */
 WEFT_EXPORT int weft_finalize(weft_comm *c);

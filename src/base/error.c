@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,11 +40,15 @@ const char *weft_err_name(int err)
     }
 }
 
-static int log_level = -1;
+/* Read once from WEFT_LOG; communicators made in several threads at once
+ * may each read it first, and they store the same value. */
+static atomic_int log_level = -1;
 
 int weft__log_enabled(int level)
 {
-    if (log_level < 0) {
+    int l0 = atomic_load_explicit(&log_level, memory_order_relaxed);
+
+    if (l0 < 0) {
         const char *s = getenv("WEFT_LOG");
         int l = WEFT__LOG_WARN;
         if (s != NULL) {
@@ -54,9 +59,10 @@ int weft__log_enabled(int level)
             else if (strcmp(s, "debug") == 0)
                 l = WEFT__LOG_DEBUG;
         }
-        log_level = l;
+        atomic_store_explicit(&log_level, l, memory_order_relaxed);
+        l0 = l;
     }
-    return level <= log_level;
+    return level <= l0;
 }
 
 void weft__log(int level, int rank, const char *fmt, ...)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Why the last weft_init() on this thread failed (weft_last_error(NULL)). */
 static _Thread_local char init_errmsg[WEFT__ERRMSG_LEN];
@@ -32,23 +33,50 @@ static const weft__tp_ops *pick_transport(const char *name)
     return NULL;
 }
 
-int weft_init(weft_comm **out)
+char *weft__init_errmsg(size_t *len)
 {
+    *len = sizeof init_errmsg;
+    return init_errmsg;
+}
+
+/* weft_init (uc NULL) and weft_init_config: what = the caller's name. The
+ * listener's socket, where there is one, is closed here on every path (the
+ * transport listens on its own copy). */
+static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
+{
+    weft_listener *l = uc != NULL ? uc->listener : NULL;
+    int listen_fd = weft__listener_take(l), port;
     weft_comm *c;
     int rc;
 
     init_errmsg[0] = '\0';
     if (out == NULL) {
-        snprintf(init_errmsg, sizeof init_errmsg, "weft_init: out is NULL");
-        return WEFT_EINVAL;
+        snprintf(init_errmsg, sizeof init_errmsg, "%s: out is NULL", what);
+        rc = WEFT_EINVAL;
+        goto out;
     }
     *out = NULL;
     c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return WEFT_ENOMEM;
-    rc = weft__config_load(&c->cfg, init_errmsg, sizeof init_errmsg);
+    if (c == NULL) {
+        rc = WEFT_ENOMEM;
+        goto out;
+    }
+    rc = weft__config_load(&c->cfg, uc, init_errmsg, sizeof init_errmsg);
     if (rc != 0)
         goto fail;
+    port = listen_fd >= 0 ? weft__fd_port(listen_fd) : 0;
+    if (listen_fd >= 0 &&
+        port != weft__config_rank_port(&c->cfg, c->cfg.rank)) {
+        snprintf(
+            init_errmsg, sizeof init_errmsg,
+            "weft_config.listener listens on port %d but %.200s gives rank "
+            "%d port %d; give this rank the address "
+            "weft_listener_open wrote",
+            port, c->cfg.hostfile, c->cfg.rank,
+            weft__config_rank_port(&c->cfg, c->cfg.rank));
+        rc = WEFT_ECONFIG;
+        goto fail;
+    }
     c->x.cfg = &c->cfg;
     c->x.rank = c->cfg.rank;
     c->x.nranks = c->cfg.nranks;
@@ -89,8 +117,10 @@ int weft_init(weft_comm **out)
              * wires). */
             .deadline_ms = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms,
             .sink = &c->x.fail,
+            .listen_fd = listen_fd,
         };
         rc = c->x.tpo->create(c->tpp, &c->x.tp);
+        c->tpp->listen_fd = -1; /* closed below; the transport has its own */
         if (rc != 0) {
             snprintf(init_errmsg, sizeof init_errmsg, "%s",
                      c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg);
@@ -112,13 +142,14 @@ int weft_init(weft_comm **out)
     weft__log(WEFT__LOG_DEBUG, c->x.rank, "initialised: %d ranks over %s",
               c->x.nranks, c->x.tpo->name);
     *out = c;
-    return WEFT_OK;
+    rc = WEFT_OK;
+    goto out;
 
 fail:
     if (rc == WEFT_ENOMEM && init_errmsg[0] == '\0')
-        snprintf(init_errmsg, sizeof init_errmsg, "out of memory in weft_init");
+        snprintf(init_errmsg, sizeof init_errmsg, "out of memory in %s", what);
     weft__log(WEFT__LOG_ERROR, c->cfg.nranks > 0 ? c->cfg.rank : -1,
-              "weft_init: %s: %s", weft_err_name(rc), init_errmsg);
+              "%s: %s: %s", what, weft_err_name(rc), init_errmsg);
     weft__sched_fini(c);
     if (c->x.tp != NULL)
         c->x.tpo->destroy(c->x.tp);
@@ -127,7 +158,29 @@ fail:
     free(c->x.send_seq);
     free(c->x.recv_seq);
     free(c);
+out:
+    if (listen_fd >= 0)
+        close(listen_fd);
+    if (rc == WEFT_ENOMEM && init_errmsg[0] == '\0')
+        snprintf(init_errmsg, sizeof init_errmsg, "out of memory in %s", what);
     return rc;
+}
+
+int weft_init(weft_comm **out)
+{
+    return init_comm(out, NULL, "weft_init");
+}
+
+int weft_init_config(weft_comm **out, const weft_config *cfg)
+{
+    if (cfg == NULL) {
+        snprintf(init_errmsg, sizeof init_errmsg,
+                 "weft_init_config: cfg is NULL");
+        if (out != NULL)
+            *out = NULL;
+        return WEFT_EINVAL;
+    }
+    return init_comm(out, cfg, "weft_init_config");
 }
 
 int weft_finalize(weft_comm *c)

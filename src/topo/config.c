@@ -4,9 +4,9 @@
  * Every failure says what is wrong and what to set, since the person reading
  * it is usually starting a job by hand.
  */
-#include "topo/topo.h"
-#include "topo/hostfile.h"
 #include "base/parse.h"
+#include "topo/hostfile.h"
+#include "topo/topo.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -38,6 +38,21 @@ static int env_int(const char *name, long lo, long hi, long dflt, long *out,
     return WEFT_OK;
 }
 
+/* A weft_config field (set: non-zero) or, where it is left zero, the
+ * environment variable name as env_int reads it. */
+static int field_int(const char *field, int set, const char *name, long lo,
+                     long hi, long dflt, long *out, char *errmsg, size_t errlen)
+{
+    if (set == 0)
+        return env_int(name, lo, hi, dflt, out, errmsg, errlen);
+    if (set < lo || set > hi)
+        return CFG_ERR("weft_config.%s = %d is not in [%ld, %ld] (0: %s or "
+                       "the default)",
+                       field, set, lo, hi, name);
+    *out = set;
+    return WEFT_OK;
+}
+
 static int hexval(int ch)
 {
     if (ch >= '0' && ch <= '9')
@@ -49,8 +64,10 @@ static int hexval(int ch)
     return -1;
 }
 
-/* Rank and size, from weftrun's variables or another launcher's. */
-static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
+/* Rank and size: weft_config's (never the environment's), else weftrun's
+ * variables or another launcher's. */
+static int load_rank_size(weft__config *cfg, const weft_config *uc,
+                          char *errmsg, size_t errlen)
 {
     static const char *const pairs[][2] = {
         {"WEFT_RANK", "WEFT_SIZE"},
@@ -59,6 +76,19 @@ static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
         {"SLURM_PROCID", "SLURM_NTASKS"},
         {"RANK", "WORLD_SIZE"},
     };
+    if (uc != NULL) {
+        if (uc->size < 1 || uc->size > WEFT__MAX_RANKS)
+            return CFG_ERR("weft_config.size = %d is not a job size in "
+                           "[1, %d]",
+                           uc->size, WEFT__MAX_RANKS);
+        if (uc->rank < 0 || uc->rank >= uc->size)
+            return CFG_ERR("weft_config.rank = %d is not a rank in [0, %d] "
+                           "(weft_config.size = %d)",
+                           uc->rank, uc->size - 1, uc->size);
+        cfg->rank = uc->rank;
+        cfg->nranks = uc->size;
+        return WEFT_OK;
+    }
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         const char *rs = getenv(pairs[i][0]);
         const char *ss = getenv(pairs[i][1]);
@@ -86,13 +116,36 @@ static int load_rank_size(weft__config *cfg, char *errmsg, size_t errlen)
                    "WEFT_HOSTFILE");
 }
 
-static int load_hostfile(weft__config *cfg, char *errmsg, size_t errlen)
+static int load_hostfile(weft__config *cfg, const weft_config *uc, char *errmsg,
+                         size_t errlen)
 {
-    const char *file = getenv("WEFT_HOSTFILE");
-    const char *text = getenv("WEFT_HOSTFILE_TEXT");
+    const char *file, *text;
     weft__hostfile_out hf;
     int rc;
 
+    if (uc != NULL && uc->hostfile_text != NULL && uc->addrs != NULL)
+        return CFG_ERR("weft_config.hostfile_text and weft_config.addrs are "
+                       "both set; set one");
+    if (uc != NULL && uc->hostfile_text != NULL) {
+        strcpy(cfg->hostfile, "weft_config.hostfile_text");
+        rc = weft__hostfile_load_text(cfg->hostfile, uc->hostfile_text,
+                                      cfg->nranks, &hf, errmsg, errlen);
+        if (rc != 0)
+            return rc;
+        goto take;
+    }
+    if (uc != NULL && uc->addrs != NULL) {
+        strcpy(cfg->hostfile, "weft_config.addrs");
+        rc = weft__hostfile_load_addrs(cfg->hostfile, uc->addrs, cfg->nranks,
+                                       &hf, errmsg, errlen);
+        if (rc != 0)
+            return rc;
+        goto take;
+    }
+    /* A job of one rank needs no peers and so no hostfile; one made from a
+     * config does not look for one either. */
+    file = uc != NULL && cfg->nranks == 1 ? NULL : getenv("WEFT_HOSTFILE");
+    text = uc != NULL && cfg->nranks == 1 ? NULL : getenv("WEFT_HOSTFILE_TEXT");
     if ((file == NULL || *file == '\0') && text != NULL && *text != '\0') {
         /* The hostfile itself, as weftrun hands it to ranks it starts over
          * ssh (the file need not exist on their hosts). */
@@ -145,7 +198,39 @@ take:
     return WEFT_OK;
 }
 
-int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
+/* The job token, 2 * WEFT__TOKEN_BYTES hex digits in s, named name. */
+static int load_token(weft__config *cfg, const char *name, const char *s,
+                      char *errmsg, size_t errlen)
+{
+    if (strlen(s) != 2 * WEFT__TOKEN_BYTES)
+        return CFG_ERR("%s must be %d hex digits (weftrun makes one); got "
+                       "%zu characters",
+                       name, 2 * WEFT__TOKEN_BYTES, strlen(s));
+    for (int i = 0; i < WEFT__TOKEN_BYTES; i++) {
+        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return CFG_ERR("%s must be %d hex digits (weftrun makes one); it "
+                           "has other characters",
+                           name, 2 * WEFT__TOKEN_BYTES);
+        cfg->token[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return WEFT_OK;
+}
+
+/* A string setting: weft_config's field where set, else the environment's
+ * variable where set and not empty, else NULL. */
+static const char *field_str(const char *field, const char *name)
+{
+    const char *s;
+
+    if (field != NULL)
+        return field;
+    s = getenv(name);
+    return s != NULL && *s != '\0' ? s : NULL;
+}
+
+int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
+                      size_t errlen)
 {
     const char *s;
     long v;
@@ -155,18 +240,21 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
     memset(cfg, 0, sizeof *cfg);
     strcpy(cfg->transport, "tcp");
     strcpy(cfg->topology, "auto");
-    if ((rc = load_rank_size(cfg, errmsg, errlen)) != 0)
+    if ((rc = load_rank_size(cfg, uc, errmsg, errlen)) != 0)
         return rc;
-    if ((rc = env_int("WEFT_TIMEOUT_MS", 1, INT_MAX, WEFT__DEFAULT_TIMEOUT_MS,
-                      &v, errmsg, errlen)) != 0)
+    if ((rc = field_int("timeout_ms", uc ? uc->timeout_ms : 0,
+                        "WEFT_TIMEOUT_MS", 1, INT_MAX, WEFT__DEFAULT_TIMEOUT_MS,
+                        &v, errmsg, errlen)) != 0)
         return rc;
     cfg->timeout_ms = (int)v;
-    if ((rc = env_int("WEFT_CONNECT_TIMEOUT_MS", 1, INT_MAX,
-                      WEFT__DEFAULT_CONNECT_TIMEOUT_MS, &v, errmsg,
-                      errlen)) != 0)
+    if ((rc = field_int("connect_timeout_ms", uc ? uc->connect_timeout_ms : 0,
+                        "WEFT_CONNECT_TIMEOUT_MS", 1, INT_MAX,
+                        WEFT__DEFAULT_CONNECT_TIMEOUT_MS, &v, errmsg,
+                        errlen)) != 0)
         return rc;
     cfg->connect_timeout_ms = (int)v;
-    if ((rc = env_int("WEFT_WIRES", 1, 16, 1, &v, errmsg, errlen)) != 0)
+    if ((rc = field_int("wires", uc ? uc->wires : 0, "WEFT_WIRES", 1, 16, 1, &v,
+                        errmsg, errlen)) != 0)
         return rc;
     cfg->wires = (int)v;
     if ((rc = env_int("WEFT_FRAME_BYTES", 4096, 64L << 20,
@@ -182,8 +270,8 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
                        "least %d, or to 0 for the kernel's autotuning",
                        v, SOCKBUF_MIN_BYTES, SOCKBUF_MIN_BYTES);
     cfg->sockbuf_bytes = (int)v;
-    if ((rc = env_int("WEFT_MIN_WIRE_BYTES", 1, 1L << 30,
-                      WEFT__MIN_WIRE_BYTES, &v, errmsg, errlen)) != 0)
+    if ((rc = env_int("WEFT_MIN_WIRE_BYTES", 1, 1L << 30, WEFT__MIN_WIRE_BYTES,
+                      &v, errmsg, errlen)) != 0)
         return rc;
     cfg->min_wire_bytes = (size_t)v;
     if ((rc = env_int("WEFT_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
@@ -191,8 +279,8 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
         return rc;
     cfg->small_all_reduce_bytes = (size_t)v;
     if ((rc = env_int("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
-                      WEFT__MESH_SMALL_ALL_REDUCE_BYTES, &v, errmsg,
-                      errlen)) != 0)
+                      WEFT__MESH_SMALL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
+        0)
         return rc;
     cfg->mesh_small_all_reduce_bytes = (size_t)v;
     if ((rc = env_int("WEFT_BIDIR_MIN_BYTES", 0, 1L << 40,
@@ -200,23 +288,15 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
         return rc;
     cfg->bidir_min_bytes = (size_t)v;
 
-    s = getenv("WEFT_JOB_TOKEN");
-    if (s != NULL && *s != '\0') {
-        if (strlen(s) != 2 * WEFT__TOKEN_BYTES)
-            return CFG_ERR("WEFT_JOB_TOKEN must be %d hex digits (weftrun "
-                           "makes one); got %zu characters",
-                           2 * WEFT__TOKEN_BYTES, strlen(s));
-        for (int i = 0; i < WEFT__TOKEN_BYTES; i++) {
-            int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
-            if (hi < 0 || lo < 0)
-                return CFG_ERR("WEFT_JOB_TOKEN must be %d hex digits "
-                               "(weftrun makes one); it has other characters",
-                               2 * WEFT__TOKEN_BYTES);
-            cfg->token[i] = (uint8_t)(hi << 4 | lo);
-        }
-    }
+    rc = WEFT_OK;
+    if (uc != NULL && uc->token != NULL)
+        rc = load_token(cfg, "weft_config.token", uc->token, errmsg, errlen);
+    else if ((s = getenv("WEFT_JOB_TOKEN")) != NULL && *s != '\0')
+        rc = load_token(cfg, "WEFT_JOB_TOKEN", s, errmsg, errlen);
+    if (rc != 0)
+        return rc;
 
-    if ((rc = load_hostfile(cfg, errmsg, errlen)) != 0)
+    if ((rc = load_hostfile(cfg, uc, errmsg, errlen)) != 0)
         return rc;
 
     /* A wait polls (yielding the core between polls) this long before it
@@ -227,14 +307,16 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
         return rc;
     cfg->spin_us = (int)v;
 
-    s = getenv("WEFT_TRANSPORT");
-    if (s != NULL && *s != '\0')
+    s = field_str(uc ? uc->transport : NULL, "WEFT_TRANSPORT");
+    if (s != NULL)
         snprintf(cfg->transport, sizeof cfg->transport, "%s", s);
     if (strcmp(cfg->transport, "tcp") != 0 &&
         strcmp(cfg->transport, "ibverbs") != 0)
-        return CFG_ERR("unknown transport \"%s\" (WEFT_TRANSPORT or the "
-                       "hostfile's \"transport\"): use tcp or ibverbs",
-                       cfg->transport);
+        return CFG_ERR("unknown transport \"%s\" (%s or the hostfile's "
+                       "\"transport\"): use tcp or ibverbs",
+                       s != NULL ? s : cfg->transport,
+                       uc && uc->transport ? "weft_config.transport"
+                                           : "WEFT_TRANSPORT");
     if ((rc = env_int("WEFT_IB_SLOTS", 2, 4096, WEFT__DEFAULT_IB_SLOTS, &v,
                       errmsg, errlen)) != 0)
         return rc;
@@ -251,15 +333,17 @@ int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen)
                            s, sizeof cfg->ib_device - 1);
         strcpy(cfg->ib_device, s);
     }
-    s = getenv("WEFT_TOPOLOGY");
-    if (s != NULL && *s != '\0')
+    s = field_str(uc ? uc->topology : NULL, "WEFT_TOPOLOGY");
+    if (s != NULL)
         snprintf(cfg->topology, sizeof cfg->topology, "%s", s);
     if (strcmp(cfg->topology, "ring") != 0 &&
         strcmp(cfg->topology, "mesh") != 0 &&
         strcmp(cfg->topology, "auto") != 0)
-        return CFG_ERR("unknown topology \"%s\" (WEFT_TOPOLOGY or the "
-                       "hostfile's \"topology\"): use ring, mesh or auto",
-                       cfg->topology);
+        return CFG_ERR("unknown topology \"%s\" (%s or the hostfile's "
+                       "\"topology\"): use ring, mesh or auto",
+                       s != NULL ? s : cfg->topology,
+                       uc && uc->topology ? "weft_config.topology"
+                                          : "WEFT_TOPOLOGY");
     /* A mesh asked for by WEFT_TOPOLOGY needs a link between every pair
      * of hosts, as one asked for by the hostfile does. */
     memset(&view, 0, sizeof view);

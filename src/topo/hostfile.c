@@ -276,22 +276,17 @@ static int parse(hf_ctx *c, char *buf, weft__hostfile_out *h)
     if (json_is_object(root))
         rc = weft__hf_parse_json(c, root, h);
     else
-        rc = weft__hf_parse_mlx(c, root, h);
+        rc = weft__hf_parse_mlx(c, root, 0, h);
     json_decref(root);
     return rc;
 }
 
-/* Parses and validates buf (a NUL-terminated copy of the text, freed
- * here) into *out. */
-static int load_buffer(hf_ctx *c, char *buf, int nranks_expected,
-                       weft__hostfile_out *out)
+/* What every form goes through after parsing (rc: the parser's result):
+ * the rank count, the ring, the rank numbers. On success *h moves to
+ * *out; on failure it is freed. */
+static int finish(hf_ctx *c, int rc, weft__hostfile_out h, int nranks_expected,
+                  weft__hostfile_out *out)
 {
-    weft__hostfile_out h;
-    int rc;
-
-    memset(&h, 0, sizeof h);
-    rc = parse(c, buf, &h);
-    free(buf);
     if (rc == 0 && nranks_expected >= 0 && h.nranks != nranks_expected)
         rc = weft__hf_fail(c,
                            "the hosts hold %d rank%s but the job has %d (the "
@@ -308,6 +303,20 @@ static int load_buffer(hf_ctx *c, char *buf, int nranks_expected,
     }
     *out = h;
     return WEFT_OK;
+}
+
+/* Parses and validates buf (a NUL-terminated copy of the text, freed
+ * here) into *out. */
+static int load_buffer(hf_ctx *c, char *buf, int nranks_expected,
+                       weft__hostfile_out *out)
+{
+    weft__hostfile_out h;
+    int rc;
+
+    memset(&h, 0, sizeof h);
+    rc = parse(c, buf, &h);
+    free(buf);
+    return finish(c, rc, h, nranks_expected, out);
 }
 
 int weft__hostfile_load(const char *path, int nranks_expected,
@@ -342,4 +351,57 @@ int weft__hostfile_load_text(const char *name, const char *text,
     if ((buf = strdup(text)) == NULL)
         return WEFT_ENOMEM;
     return load_buffer(&c, buf, nranks_expected, out);
+}
+
+int weft__hostfile_load_addrs(const char *name, const char *const *addrs,
+                              int nranks, weft__hostfile_out *out, char *errmsg,
+                              size_t errlen)
+{
+    hf_ctx c = {name, errmsg, errlen};
+    weft__hostfile_out h;
+    json_t *root;
+    int rc = WEFT_OK;
+
+    if (errmsg != NULL && errlen > 0)
+        errmsg[0] = '\0';
+    if (out == NULL || addrs == NULL || nranks < 1)
+        return WEFT_EINVAL;
+    memset(out, 0, sizeof *out);
+    /* As MLX's list with one address per rank, which the MLX parser
+     * checks (ip:port, no address twice) and maps (rank r is a host of its
+     * own); only the links differ. */
+    if ((root = json_array()) == NULL)
+        return weft__hf_nomem(&c);
+    for (int r = 0; r < nranks && rc == WEFT_OK; r++) {
+        json_t *str, *one;
+        if (addrs[r] == NULL) {
+            rc = weft__hf_fail(&c,
+                               "[%d] is NULL; expected %d \"addr:port\" "
+                               "strings, one per rank (weft_config.size)",
+                               r, nranks);
+            break;
+        }
+        if ((str = json_string(addrs[r])) == NULL) {
+            rc = weft__hf_fail(&c,
+                               "[%d] is not an \"addr:port\" string in "
+                               "UTF-8",
+                               r);
+            break;
+        }
+        /* An append takes its value over, on failure too. */
+        if ((one = json_array()) == NULL) {
+            json_decref(str);
+            rc = weft__hf_nomem(&c);
+        } else if (json_array_append_new(one, str) != 0) {
+            json_decref(one);
+            rc = weft__hf_nomem(&c);
+        } else if (json_array_append_new(root, one) != 0) {
+            rc = weft__hf_nomem(&c);
+        }
+    }
+    memset(&h, 0, sizeof h);
+    if (rc == WEFT_OK)
+        rc = weft__hf_parse_mlx(&c, root, 1, &h);
+    json_decref(root);
+    return finish(&c, rc, h, nranks, out);
 }

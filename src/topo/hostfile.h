@@ -82,6 +82,14 @@ int weft__hostfile_load_text(const char *name, const char *text,
                              int nranks_expected, weft__hostfile_out *out,
                              char *errmsg, size_t errlen);
 
+/* The job weft_config.addrs describes: nranks "addr:port" strings in rank
+ * order, rank r a host of its own listening at addrs[r], one link between
+ * every pair of ranks (so a full mesh). Validated as a hostfile is; name
+ * starts every message. */
+int weft__hostfile_load_addrs(const char *name, const char *const *addrs,
+                              int nranks, weft__hostfile_out *out, char *errmsg,
+                              size_t errlen);
+
 /* Frees what *h holds and zeroes it; NULL or a zeroed *h are fine. */
 void weft__hostfile_free(weft__hostfile_out *h);
 

@@ -61,7 +61,10 @@ void weft__hf_set_link(weft__link *l, int h0, const char *a0, int h1,
  * ring, mesh) follows in hostfile.c. On failure *h may hold part of what
  * was allocated, which the caller frees with weft__hostfile_free. */
 int weft__hf_parse_json(hf_ctx *c, json_t *root, weft__hostfile_out *h);
-int weft__hf_parse_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h);
+/* all_pairs: one link between every pair of ranks (weft_config.addrs)
+ * instead of the ring's neighbours. */
+int weft__hf_parse_mlx(hf_ctx *c, json_t *root, int all_pairs,
+                       weft__hostfile_out *h);
 /* buf is the text, NUL-terminated; it is cut up in place. */
 int weft__hf_parse_text(hf_ctx *c, char *buf, weft__hostfile_out *h);
 

@@ -165,13 +165,27 @@ static int mlx_rank(hf_ctx *c, json_t *jr, size_t r, mlx_addrs *m,
 }
 
 /* One link per pair of ring neighbours and address index k (with two
- * ranks, one pair). */
-static int mlx_links(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h)
+ * ranks, one pair); with all_pairs (weft_config.addrs), one link between
+ * every pair of ranks, at their first addresses. */
+static int mlx_links(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h,
+                     int all_pairs)
 {
     size_t n = m->n, K = m->K, pairs = n == 2 ? 1 : n;
 
     if (n < 2)
         return WEFT_OK;
+    if (all_pairs) {
+        size_t l = 0;
+        h->links = calloc(n * (n - 1) / 2, sizeof *h->links);
+        if (h->links == NULL)
+            return weft__hf_nomem(c);
+        h->nlinks = (int)(n * (n - 1) / 2);
+        for (size_t a = 0; a < n; a++)
+            for (size_t b = a + 1; b < n; b++)
+                weft__hf_set_link(&h->links[l++], (int)a, m->ips[a * K], (int)b,
+                                  m->ips[b * K]);
+        return WEFT_OK;
+    }
     h->links = calloc(pairs * K, sizeof *h->links);
     if (h->links == NULL)
         return weft__hf_nomem(c);
@@ -185,7 +199,8 @@ static int mlx_links(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h)
     return WEFT_OK;
 }
 
-int weft__hf_parse_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
+int weft__hf_parse_mlx(hf_ctx *c, json_t *root, int all_pairs,
+                       weft__hostfile_out *h)
 {
     mlx_addrs m = {json_array_size(root), 0, NULL, NULL};
     int rc;
@@ -202,7 +217,7 @@ int weft__hf_parse_mlx(hf_ctx *c, json_t *root, weft__hostfile_out *h)
         rc = mlx_rank(c, json_array_get(root, r), r, &m, h);
     if (rc == WEFT_OK) {
         h->nranks = (int)m.n;
-        rc = mlx_links(c, &m, h);
+        rc = mlx_links(c, &m, h, all_pairs);
     }
     free(m.ips);
     free(m.ports);

@@ -104,9 +104,12 @@ static inline int weft__link_joins(const weft__link *lk, int ha, int hb)
            (lk->end[0].host == hb && lk->end[1].host == ha);
 }
 
-/* Reads the configuration from the environment. On failure fills errmsg
- * (what is wrong and what to set) and returns WEFT_ECONFIG or WEFT_ENOMEM. */
-int weft__config_load(weft__config *cfg, char *errmsg, size_t errlen);
+/* Reads the configuration: from uc's set fields (weft_init_config) and,
+ * for the rest or where uc is NULL (weft_init), the environment. On failure
+ * fills errmsg (what is wrong and what to set) and returns WEFT_ECONFIG or
+ * WEFT_ENOMEM. */
+int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
+                      size_t errlen);
 void weft__config_free(weft__config *cfg);
 /* The port rank r listens on. */
 int weft__config_rank_port(const weft__config *cfg, int r);

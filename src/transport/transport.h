@@ -68,6 +68,10 @@ typedef struct weft__tp_params {
     int timeout_ms;       /* the per-call deadline, for waits of its own */
     uint64_t deadline_ms; /* set-up ends by then (weft__now_ms clock) */
     weft__errsink *sink;  /* failures, first cause first */
+    /* A socket already listening at this rank's port (weft_init_config's
+     * listener), or -1: bind the port. The transport listens on a copy
+     * (dup) and leaves this one to the caller. */
+    int listen_fd;
 } weft__tp_params;
 
 typedef struct weft__tp_ops {

@@ -6,6 +6,10 @@
  */
 #include "transport/tcp/tcp.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,8 +289,18 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     if (tp->nranks > 1) {
         /* One host: loopback only, nothing reachable from outside. */
         port = weft__config_rank_port(cfg, tp->rank);
-        uv_ip4_addr(cfg->nhosts == 1 ? "127.0.0.1" : "0.0.0.0", port, &sa);
-        rc = uv_tcp_bind(&tp->listener, (struct sockaddr *)&sa, 0);
+        if (par->listen_fd >= 0) {
+            /* Bound and listening already, at the address the caller
+             * chose (peers may be queued on it). */
+            int fd = fcntl(par->listen_fd, F_DUPFD_CLOEXEC, 0);
+            rc = fd < 0 ? uv_translate_sys_error(errno)
+                        : uv_tcp_open(&tp->listener, fd);
+            if (rc != 0 && fd >= 0)
+                close(fd);
+        } else {
+            uv_ip4_addr(cfg->nhosts == 1 ? "127.0.0.1" : "0.0.0.0", port, &sa);
+            rc = uv_tcp_bind(&tp->listener, (struct sockaddr *)&sa, 0);
+        }
         if (rc == 0)
             rc = uv_listen((uv_stream_t *)&tp->listener, 128,
                            weft__tcp_on_connection);
@@ -320,8 +334,10 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
                         break;
                     }
             rc = weft__fail(sink, WEFT_ETIMEDOUT,
-                            "rank %d: peers%s not connected within "
-                            "WEFT_CONNECT_TIMEOUT_MS=%d ms",
+                            "rank %d: peers%s not connected within the "
+                            "connect deadline of %d ms "
+                            "(WEFT_CONNECT_TIMEOUT_MS or "
+                            "weft_config.connect_timeout_ms)",
                             tp->rank, missing, cfg->connect_timeout_ms);
             goto fail;
         }
