@@ -3,14 +3,27 @@
  * tell a weft program its place in the job (WEFT_RANK, WEFT_SIZE,
  * WEFT_LOCAL_RANK, WEFT_LOCAL_SIZE, WEFT_HOSTFILE, WEFT_JOB_TOKEN), those
  * of the options (WEFT_WIRES, WEFT_TRANSPORT, WEFT_TOPOLOGY,
- * WEFT_TIMEOUT_MS), then the -x ones.
+ * WEFT_TIMEOUT_MS), those torchrun gives (RANK, WORLD_SIZE, LOCAL_RANK,
+ * LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), then the -x ones.
+ *
+ * The torchrun variables make torch.distributed.init_process_group's env://
+ * init work under weftrun unchanged: rank 0 serves torch's TCPStore at
+ * MASTER_PORT on its host, and every rank connects to MASTER_ADDR. On one
+ * host MASTER_ADDR is 127.0.0.1; with a hostfile it is, for each host,
+ * where that host reaches rank 0's host (env_master_addr). MASTER_PORT is
+ * chosen in setup.c. They are the only variables weftrun sets that -x may
+ * give instead: weftrun cannot know every network (a LAN beside the
+ * cables, a firewall), and a wrong guess there leaves a torch user no
+ * other way out. A MASTER_ADDR or MASTER_PORT merely inherited from
+ * weftrun's environment does not win, as it may well be left over from
+ * another job.
  *
  * The environment is built once for the whole job and only the rank's own
  * numbers are rewritten in place before each spawn, so that a job of
  * thousands of ranks does not copy weftrun's environment thousands of
  * times. Which variables weftrun sets is decided here and only here: -x
- * cannot override them, and remote.c asks rank_env_forwarded which ones to
- * carry over ssh.
+ * cannot override them (MASTER_ADDR and MASTER_PORT aside, as above), and
+ * remote.c asks rank_env_forwarded which ones to carry over ssh.
  */
 #define _GNU_SOURCE
 
@@ -27,9 +40,25 @@ static const char *const env_fixed_vars[] = {
     "WEFT_LOCAL_SIZE", "WEFT_HOSTFILE", "WEFT_JOB_TOKEN",
 };
 
+/* torchrun's names for the job's numbers; fixed too. */
+static const char *const env_torch_vars[] = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+};
+
+/* Variables weftrun sets for every rank unless -x gives them (see above). */
+static const char *const env_master_vars[] = {"MASTER_ADDR", "MASTER_PORT"};
+
 #define ENV_NFIXED (sizeof(env_fixed_vars) / sizeof(env_fixed_vars[0]))
-/* The most names weftrun sets: the fixed ones and one per option. */
-#define ENV_NSET (ENV_NFIXED + 4)
+#define ENV_NTORCH (sizeof(env_torch_vars) / sizeof(env_torch_vars[0]))
+#define ENV_NMASTER (sizeof(env_master_vars) / sizeof(env_master_vars[0]))
+/* The most names weftrun sets: the fixed ones, torchrun's, one per option
+ * and the MASTER_ ones. */
+#define ENV_NSET (ENV_NFIXED + ENV_NTORCH + 4 + ENV_NMASTER)
+/* The longest address MASTER_ADDR is rewritten to: a link end's. */
+#define ENV_MASTER_ADDR_MAX (sizeof(((weft__link_end *)0)->addr) - 1)
 
 size_t env_name_len(const char *s)
 {
@@ -79,13 +108,15 @@ void rank_env_free(struct rank_env *e)
 }
 
 /* Fills names (room for ENV_NSET) with every name weftrun sets for o's
- * job; returns how many. */
+ * job that -x cannot change; returns how many. */
 static size_t env_set_names(const struct opts *o, const char **names)
 {
     size_t nnames = 0;
 
     for (size_t i = 0; i < ENV_NFIXED; i++)
         names[nnames++] = env_fixed_vars[i];
+    for (size_t i = 0; i < ENV_NTORCH; i++)
+        names[nnames++] = env_torch_vars[i];
     if (o->timeout_ms > 0)
         names[nnames++] = "WEFT_TIMEOUT_MS";
     if (o->wires > 0)
@@ -160,6 +191,41 @@ static int env_push_weft(struct rank_env *e, const struct opts *o,
     return 0;
 }
 
+/* Whether -x gives name (an effective entry of xset, from env_choose_x). */
+static int env_x_gives(const struct opts *o, const char *const *xset,
+                       const char *name)
+{
+    return env_name_in(name, xset, (size_t)o->nxvars);
+}
+
+/* Appends torchrun's variables, leaving out the MASTER_ ones that -x gives
+ * (xset, from env_choose_x). Returns 0, or -1 when out of memory. */
+static int env_push_torch(struct rank_env *e, const struct opts *o,
+                          int master_port, const char *const *xset)
+{
+    /* The per-rank entries with room for any rank number, as above. */
+    if (env_pushf(e, "RANK=%d", WEFTRUN_MAX_RANKS) != 0)
+        return -1;
+    e->torch_rank = e->envp[e->n - 1];
+    if (env_pushf(e, "WORLD_SIZE=%d", o->nranks) != 0 ||
+        env_pushf(e, "LOCAL_RANK=%d", WEFTRUN_MAX_RANKS) != 0)
+        return -1;
+    e->torch_local_rank = e->envp[e->n - 1];
+    if (env_pushf(e, "LOCAL_WORLD_SIZE=%d", WEFTRUN_MAX_RANKS) != 0)
+        return -1;
+    e->torch_local_size = e->envp[e->n - 1];
+    if (!env_x_gives(o, xset, "MASTER_ADDR")) {
+        if (env_pushf(e, "MASTER_ADDR=%*s", (int)ENV_MASTER_ADDR_MAX, "") != 0)
+            return -1;
+        e->master_addr = e->envp[e->n - 1];
+        e->master_addr_size = strlen(e->master_addr) + 1;
+    }
+    if (!env_x_gives(o, xset, "MASTER_PORT") &&
+        env_pushf(e, "MASTER_PORT=%d", master_port) != 0)
+        return -1;
+    return 0;
+}
+
 /* Appends the -x variables that take effect (xset, from env_choose_x).
  * Returns 0, or -1 when out of memory. */
 static int env_push_x(struct rank_env *e, const struct opts *o,
@@ -181,7 +247,7 @@ static int env_push_x(struct rank_env *e, const struct opts *o,
 }
 
 int rank_env_build(struct rank_env *e, const struct opts *o,
-                   const char *hostfile, const char *token)
+                   const char *hostfile, const char *token, int master_port)
 {
     extern char **environ;
     /* The names of everything set below, to drop from the inherited part. */
@@ -201,6 +267,9 @@ int rank_env_build(struct rank_env *e, const struct opts *o,
     }
     nnames = env_set_names(o, names);
     env_choose_x(o, names, nnames, xset);
+    /* Set by weftrun or by -x: not inherited either way. */
+    for (size_t i = 0; i < ENV_NMASTER; i++)
+        names[nnames++] = env_master_vars[i];
 
     for (char **p = environ; *p != NULL; p++) {
         if (strchr(*p, '=') == NULL || env_name_in(*p, names, nnames) ||
@@ -210,6 +279,7 @@ int rank_env_build(struct rank_env *e, const struct opts *o,
             goto oom;
     }
     if (env_push_weft(e, o, hostfile, token) != 0 ||
+        env_push_torch(e, o, master_port, xset) != 0 ||
         env_push_x(e, o, xset) != 0)
         goto oom;
     rc = 0;
@@ -224,13 +294,56 @@ out:
     return rc;
 }
 
+/* MASTER_ADDR for the ranks of host (an index into hf->hosts): where they
+ * reach rank 0's host, h0.
+ * - On h0 itself, and in a job on this host (hf NULL): 127.0.0.1, as weft's
+ *   own ranks on one host reach each other over loopback (torch's TCPStore
+ *   listens on every address).
+ * - On a host that shares a link with h0: h0's end of the first such link
+ *   in the hostfile. That address is on the cable between the two, so it
+ *   is reachable from there even where each cable is a subnet of its own.
+ * - On any other host (in a ring, a host that is not h0's neighbour): h0's
+ *   end of h0's first link. No address of h0 need be reachable from there
+ *   (cables that are point-to-point subnets join no other host to h0), so
+ *   this is a guess that holds on one LAN or a routed network; elsewhere
+ *   the user gives one with -x MASTER_ADDR=..., such as a name of h0 on a
+ *   network every host is on.
+ * So MASTER_ADDR may differ between hosts; each is an address of h0's,
+ * which is all torch asks of it. */
+static const char *env_master_addr(const weft__hostfile_out *hf, int host)
+{
+    const char *first = NULL;
+    int h0;
+
+    if (hf == NULL)
+        return "127.0.0.1";
+    h0 = hf->rank_host[0];
+    if (host == h0)
+        return "127.0.0.1";
+    for (int l = 0; l < hf->nlinks; l++) {
+        const weft__link *lk = &hf->links[l];
+
+        for (int k = 0; k < 2; k++) {
+            if (lk->end[k].host != h0)
+                continue;
+            if (lk->end[1 - k].host == host)
+                return lk->end[k].addr;
+            if (first == NULL)
+                first = lk->end[k].addr;
+        }
+    }
+    /* A hostfile of several hosts links h0 to one at least (its ring). */
+    return first != NULL ? first : "127.0.0.1";
+}
+
 void rank_env_set_rank(struct rank_env *e, const weft__hostfile_out *hf,
                        int rank, int nranks)
 {
-    int local = rank, nlocal = nranks;
+    int local = rank, nlocal = nranks, host = 0;
 
     if (hf != NULL) {
         const weft__host *h = &hf->hosts[hf->rank_host[rank]];
+        host = hf->rank_host[rank];
         local = rank - h->first_rank;
         nlocal = h->nranks;
     }
@@ -238,13 +351,23 @@ void rank_env_set_rank(struct rank_env *e, const weft__hostfile_out *hf,
     sprintf(e->rank, "WEFT_RANK=%d", rank);
     sprintf(e->local_rank, "WEFT_LOCAL_RANK=%d", local);
     sprintf(e->local_size, "WEFT_LOCAL_SIZE=%d", nlocal);
+    sprintf(e->torch_rank, "RANK=%d", rank);
+    sprintf(e->torch_local_rank, "LOCAL_RANK=%d", local);
+    sprintf(e->torch_local_size, "LOCAL_WORLD_SIZE=%d", nlocal);
+    /* Made with room for any link end's address. */
+    if (e->master_addr != NULL)
+        snprintf(e->master_addr, e->master_addr_size, "MASTER_ADDR=%s",
+                 env_master_addr(hf, host));
 }
 
 int rank_env_forwarded(const struct opts *o, const char *entry)
 {
-    /* The remote host reads the hostfile from WEFT_HOSTFILE_TEXT. */
-    int ours = strncmp(entry, "WEFT_", 5) == 0 &&
-               strncmp(entry, "WEFT_HOSTFILE=", 14) != 0;
+    /* The remote host reads the hostfile from WEFT_HOSTFILE_TEXT: the
+     * path need not exist there. */
+    int ours = (strncmp(entry, "WEFT_", 5) == 0 &&
+                strncmp(entry, "WEFT_HOSTFILE=", 14) != 0) ||
+               env_name_in(entry, env_torch_vars, ENV_NTORCH) ||
+               env_name_in(entry, env_master_vars, ENV_NMASTER);
 
     for (int x = 0; !ours && x < o->nxvars; x++)
         ours = strncmp(entry, o->xvars[x], env_name_len(o->xvars[x])) == 0 &&

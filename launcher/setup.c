@@ -2,7 +2,8 @@
  * What weftrun settles before any rank starts: the hosts of the job and
  * which rank runs on which (from --hostfile, or N ranks on this host with
  * a hostfile written for them), --check's description of a hostfile, the
- * job token, and the open-file limit.
+ * ports (the ranks' and torch's MASTER_PORT), the job token, and the
+ * open-file limit.
  *
  * Everything here may fail, and all of it runs before the first rank is
  * spawned, so that a job that cannot run is refused whole: no rank is ever
@@ -131,49 +132,98 @@ int setup_token(char out[33])
     return 0;
 }
 
-/* Picks n distinct free TCP ports on 127.0.0.1: binds port 0, reads the
- * port the kernel chose, closes. A port is free when picked; nothing stops
- * another process from taking it before the rank binds it. */
-int setup_ports(int n, int *ports)
+/* Picks a free TCP port on addr (network order) that is none of
+ * taken[0..ntaken-1] into *port: binds port 0, reads the port the kernel
+ * chose, closes, and picks again when it is taken. A port is free when
+ * picked, not reserved: nothing stops another process from taking it
+ * before its user binds it. Returns 0, or -1 after a message. */
+static int setup_pick_port(uint32_t addr, const int *taken, int ntaken,
+                           int *port)
 {
-    for (int i = 0; i < n; i++) {
-        int tries = 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        struct sockaddr_in sa = {
+            .sin_family = AF_INET,
+            .sin_port = 0,
+            .sin_addr.s_addr = addr,
+        };
+        socklen_t len = sizeof(sa);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int got, dup = 0;
 
-        for (;;) {
-            struct sockaddr_in sa = {
-                .sin_family = AF_INET,
-                .sin_port = 0,
-                .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-            };
-            socklen_t len = sizeof(sa);
-            int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            int port, dup = 0;
-
-            if (fd < 0) {
-                msg("cannot pick a port: socket: %s", strerror(errno));
-                return -1;
-            }
-            if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-                getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
-                msg("cannot pick a port on 127.0.0.1: %s", strerror(errno));
-                close(fd);
-                return -1;
-            }
+        if (fd < 0) {
+            msg("cannot pick a port: socket: %s", strerror(errno));
+            return -1;
+        }
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+            getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+            msg("cannot pick a port: %s", strerror(errno));
             close(fd);
-            port = ntohs(sa.sin_port);
-            for (int j = 0; j < i && !dup; j++)
-                dup = ports[j] == port;
-            if (!dup) {
-                ports[i] = port;
-                break;
-            }
-            if (++tries >= 1000) {
-                msg("cannot find %d distinct free ports on 127.0.0.1", n);
-                return -1;
-            }
+            return -1;
+        }
+        close(fd);
+        got = ntohs(sa.sin_port);
+        for (int j = 0; j < ntaken && !dup; j++)
+            dup = taken[j] == got;
+        if (!dup) {
+            *port = got;
+            return 0;
         }
     }
+    msg("cannot find a free port that no rank uses");
+    return -1;
+}
+
+int setup_ports(int n, int *ports)
+{
+    for (int i = 0; i < n; i++)
+        if (setup_pick_port(htonl(INADDR_LOOPBACK), ports, i, &ports[i]) != 0)
+            return -1;
     return 0;
+}
+
+int setup_master_port_local(int nranks, const int *ports, int *port)
+{
+    /* torch's TCPStore listens on every address (0.0.0.0 or ::), not only
+     * on MASTER_ADDR: a port free on the wildcard address is free on each
+     * one, where a port free on 127.0.0.1 may be held on another. */
+    return setup_pick_port(htonl(INADDR_ANY), ports, nranks, port);
+}
+
+/* Whether a rank of the job of *hf, on any host, listens on port. */
+static int setup_port_of_a_rank(const weft__hostfile_out *hf, int port)
+{
+    for (int h = 0; h < hf->nhosts; h++)
+        for (int k = 0; k < hf->hosts[h].nranks; k++)
+            if (hf->hosts[h].ports[k] == port)
+                return 1;
+    return 0;
+}
+
+int setup_master_port_hosts(const weft__hostfile_out *hf)
+{
+    const weft__host *h0 = &hf->hosts[hf->rank_host[0]];
+    int port = 0;
+
+    /* Nothing can be bound on rank 0's host from here (it may be another
+     * machine, or another network namespace of this one), so the port is
+     * derived from the hostfile: the one after the highest port the ranks
+     * of rank 0's host listen on, the next one that no rank of the job
+     * listens on, from 1024 again after 65535. It is the same for every
+     * run of a hostfile, next to the ports the hostfile already claims
+     * (what a firewall may be opened for); a job at most holds
+     * WEFTRUN_MAX_RANKS ports of the 64512 tried, so one is always left. */
+    for (int k = 0; k < h0->nranks; k++)
+        if (h0->ports[k] > port)
+            port = h0->ports[k];
+    port = port < 1023 ? 1024 : port + 1;
+    for (int tries = 0; tries < 65536 - 1024; tries++) {
+        if (port > 65535)
+            port = 1024;
+        if (!setup_port_of_a_rank(hf, port))
+            break;
+        port++;
+    }
+    return port;
 }
 
 int setup_tmpfiles_create(struct tmpfiles *t)

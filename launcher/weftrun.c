@@ -4,7 +4,8 @@
  * This is the single-host launcher (`weftrun -n N PROGRAM ...`). It picks N
  * free loopback ports, writes a JSON hostfile into a private temporary
  * directory, starts N copies of PROGRAM with WEFT_RANK, WEFT_SIZE,
- * WEFT_HOSTFILE, WEFT_JOB_TOKEN and friends in their environment, and copies
+ * WEFT_HOSTFILE, WEFT_JOB_TOKEN and friends (and torchrun's RANK,
+ * WORLD_SIZE, MASTER_ADDR, ...) in their environment, and copies
  * their output, line by line and prefixed with `[rank N] `, to its own stdout
  * and stderr.
  *
@@ -238,7 +239,8 @@ static void job_abandon(struct job *job)
 /* A --hostfile job: the ranks read the job's own hostfile, so on other
  * hosts it must be at the same path (a shared or copied file). Returns 0,
  * or -1 after a message. */
-static int job_prepare_hosts(const struct opts *o, struct rank_env *env)
+static int job_prepare_hosts(const struct opts *o, const weft__hostfile_out *hf,
+                             struct rank_env *env)
 {
     char token[33];
     char *abs = realpath(o->hostfile, NULL);
@@ -249,28 +251,30 @@ static int job_prepare_hosts(const struct opts *o, struct rank_env *env)
         return -1;
     }
     if (setup_fd_limit(o->nranks) == 0 && setup_token(token) == 0 &&
-        rank_env_build(env, o, abs, token) == 0)
+        rank_env_build(env, o, abs, token, setup_master_port_hosts(hf)) == 0)
         rc = 0;
     free(abs);
     return rc;
 }
 
 /* A job on this host: one free port per rank, in a hostfile written for
- * it into *tmp. Returns 0, or -1 after a message. */
+ * it into *tmp, and one more for torch (MASTER_PORT). Returns 0, or -1
+ * after a message. */
 static int job_prepare_local(const struct opts *o, struct tmpfiles *tmp,
                              struct rank_env *env)
 {
     char token[33];
     int *ports = calloc((size_t)o->nranks, sizeof(*ports));
-    int rc = -1;
+    int master_port, rc = -1;
 
     if (ports == NULL)
         msg("out of memory");
     else if (setup_fd_limit(o->nranks) == 0 && setup_token(token) == 0 &&
              setup_ports(o->nranks, ports) == 0 &&
+             setup_master_port_local(o->nranks, ports, &master_port) == 0 &&
              setup_tmpfiles_create(tmp) == 0 &&
              setup_write_hostfile(tmp->file, o->nranks, ports) == 0 &&
-             rank_env_build(env, o, tmp->file, token) == 0)
+             rank_env_build(env, o, tmp->file, token, master_port) == 0)
         rc = 0;
     free(ports);
     return rc;
@@ -290,7 +294,7 @@ static int job_prepare(struct job *job, struct tmpfiles *tmp,
         return -1;
     }
     if (job->hf != NULL)
-        return job_prepare_hosts(o, env);
+        return job_prepare_hosts(o, job->hf, env);
     return job_prepare_local(o, tmp, env);
 }
 
@@ -312,7 +316,7 @@ int main(int argc, char **argv)
     static weft__hostfile_out hf;
     struct opts o;
     struct tmpfiles tmp = {NULL, NULL};
-    struct rank_env env = {NULL, 0, NULL, NULL, NULL};
+    struct rank_env env = {0};
     char *hf_text = NULL;
     int rc;
 

@@ -7,8 +7,10 @@
  *   weftrun.c  main, and the job: the libuv loop, spawning the ranks
  *   args.c     the command line: options, their checks, the help text
  *   setup.c    what is settled before any rank starts: the hostfile and
- *              the host of each rank, --check, ports, token, file limit
- *   env.c      the environment each rank gets (WEFT_RANK, WEFT_SIZE, ...)
+ *              the host of each rank, --check, ports (the ranks' and
+ *              MASTER_PORT), token, file limit
+ *   env.c      the environment each rank gets (WEFT_RANK, WEFT_SIZE, ...,
+ *              and torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ...)
  *   output.c   rank output copied line by line, prefixed "[rank N] "
  *   stop.c     signals, stopping the ranks, and weftrun's exit status
  *   remote.c   the command that starts a rank on another host (ssh or
@@ -104,6 +106,18 @@ int setup_token(char out[33]);
  * are free when picked, not reserved. Returns 0, or -1 after a message. */
 int setup_ports(int n, int *ports);
 
+/* MASTER_PORT of a job on this host, whose nranks ranks listen on
+ * ports[0..nranks-1]: a TCP port free on every address of this host when
+ * picked (not reserved), and none of those. Returns 0 with *port set, or
+ * -1 after a message. */
+int setup_master_port_local(int nranks, const int *ports, int *port);
+
+/* MASTER_PORT of a --hostfile job: derived from *hf alone (weftrun cannot
+ * bind on rank 0's host), the port after the highest one the ranks of
+ * rank 0's host listen on, or the next after it that no rank of the job
+ * listens on; always in [1024, 65535]. Cannot fail. */
+int setup_master_port_hosts(const weft__hostfile_out *hf);
+
 /* The private temporary directory that holds the hostfile of a job on this
  * host; both fields owned, NULL until made. */
 struct tmpfiles {
@@ -130,13 +144,22 @@ int setup_write_hostfile(const char *path, int nranks, const int *ports);
 /* The environment of the ranks (env.c)                                       */
 
 /* The environment every rank gets, built once: only the rank's own numbers
- * are rewritten in place for each rank. */
+ * (and its host's MASTER_ADDR) are rewritten in place for each rank. */
 struct rank_env {
     char **envp;      /* NULL-terminated, every string owned */
     size_t n;         /* strings in envp */
     char *rank;       /* envp entry "WEFT_RANK=..", rewritten per rank */
     char *local_rank; /* envp entry "WEFT_LOCAL_RANK=.." */
     char *local_size; /* envp entry "WEFT_LOCAL_SIZE=.." */
+    /* torchrun's names for the same numbers: "RANK=..", "LOCAL_RANK=..",
+     * "LOCAL_WORLD_SIZE=..". */
+    char *torch_rank;
+    char *torch_local_rank;
+    char *torch_local_size;
+    /* "MASTER_ADDR=..", with room for master_addr_size bytes; NULL where
+     * -x gives MASTER_ADDR (then it is not rewritten). */
+    char *master_addr;
+    size_t master_addr_size;
 };
 
 /* The length of the name part of "NAME" or "NAME=VALUE". */
@@ -145,21 +168,26 @@ size_t env_name_len(const char *s);
 /* Builds *e: weftrun's own environment minus what is set below, then
  * WEFT_RANK, WEFT_SIZE, WEFT_LOCAL_RANK, WEFT_LOCAL_SIZE, WEFT_HOSTFILE
  * (hostfile), WEFT_JOB_TOKEN (token) and the variables of o's options,
- * then the -x variables (warning about those that cannot take effect).
- * Returns 0 with *e to free with rank_env_free, or -1 after a message with
- * nothing held. The strings are copied. */
+ * then torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ * MASTER_ADDR and MASTER_PORT (master_port), then the -x variables
+ * (warning about those that cannot take effect). Returns 0 with *e to
+ * free with rank_env_free, or -1 after a message with nothing held. The
+ * strings are copied. */
 int rank_env_build(struct rank_env *e, const struct opts *o,
-                   const char *hostfile, const char *token);
+                   const char *hostfile, const char *token, int master_port);
 
-/* Sets WEFT_RANK, WEFT_LOCAL_RANK and WEFT_LOCAL_SIZE in *e for rank of
- * nranks: the local numbers count the ranks of its host in *hf, or of the
- * whole job where hf is NULL (a job on this host). Cannot fail. */
+/* Sets WEFT_RANK, WEFT_LOCAL_RANK, WEFT_LOCAL_SIZE, their torchrun
+ * names and MASTER_ADDR in *e for rank of nranks: the local numbers count
+ * the ranks of its host in *hf, or of the whole job where hf is NULL (a
+ * job on this host); MASTER_ADDR is where that host reaches rank 0's.
+ * Cannot fail. */
 void rank_env_set_rank(struct rank_env *e, const weft__hostfile_out *hf,
                        int rank, int nranks);
 
 /* Whether entry, a string of a rank's environment, is carried to a rank
  * started over ssh: weftrun's WEFT_* variables (except WEFT_HOSTFILE, as
- * the remote rank reads the hostfile's text instead) and the -x ones. */
+ * the remote rank reads the hostfile's text instead), the torchrun ones
+ * it sets, and the -x ones. */
 int rank_env_forwarded(const struct opts *o, const char *entry);
 
 /* Frees what *e holds and zeroes envp; a zeroed *e is fine. */

@@ -1061,3 +1061,236 @@ Test(weftrun, help_after_check_runs_nothing, .timeout = 30)
         run_fini(&r);
     }
 }
+
+/* -------------------------------------------------------------------- */
+/* torchrun's variables, so that torch.distributed's env:// init runs
+ * under weftrun unchanged. */
+
+/* A rank script that prints them: "T RANK WORLD_SIZE LOCAL_RANK
+ * LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT", "unset" for one not set. */
+#define TORCH_VARS                                                             \
+    "printf 'T %s %s %s %s %s %s\\n' \"${RANK-unset}\" "                       \
+    "\"${WORLD_SIZE-unset}\" \"${LOCAL_RANK-unset}\" "                         \
+    "\"${LOCAL_WORLD_SIZE-unset}\" \"${MASTER_ADDR-unset}\" "                  \
+    "\"${MASTER_PORT-unset}\""
+
+struct torch_vars {
+    int rank, world_size, local_rank, local_world_size, master_port;
+    char master_addr[128];
+};
+
+/* Reads the TORCH_VARS line of each of the n ranks of r (n <= 16) from
+ * weftrun's stdout into v[rank], by the line's "[rank N]" prefix. */
+static void torch_vars_parse(const struct run *r, int n, struct torch_vars *v)
+{
+    char *out = strdup(r->out);
+    char *line, *save;
+    int seen[16] = {0};
+
+    cr_assert_not_null(out);
+    cr_assert_leq(n, 16);
+    for (line = strtok_r(out, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        struct torch_vars t;
+        int pr, len = 0;
+
+        cr_assert_eq(sscanf(line, "[rank %d] T %d %d %d %d %127s %d%n", &pr,
+                            &t.rank, &t.world_size, &t.local_rank,
+                            &t.local_world_size, t.master_addr, &t.master_port,
+                            &len),
+                     7, "bad line (a variable unset?): %s", line);
+        cr_assert_eq((size_t)len, strlen(line), "bad line: %s", line);
+        cr_assert(pr >= 0 && pr < n && !seen[pr], "bad line: %s", line);
+        seen[pr] = 1;
+        v[pr] = t;
+    }
+    for (int i = 0; i < n; i++)
+        cr_assert(seen[i], "no line from rank %d:\n%s", i, r->out);
+    free(out);
+}
+
+/* -n 3: the numbers, MASTER_ADDR 127.0.0.1, and one MASTER_PORT in
+ * [1024, 65535] that none of weft's ranks listens on; what weftrun's own
+ * environment held for them does not count, and -x cannot change RANK. */
+Test(weftrun, torchrun_variables, .timeout = 30)
+{
+    enum { N = 3 };
+    struct torch_vars v[N];
+    struct run r;
+    json_error_t jerr;
+    json_t *root, *ports;
+    char *hf;
+
+    /* Left over from another job. */
+    setenv("RANK", "99", 1);
+    setenv("MASTER_ADDR", "stale.example", 1);
+    setenv("MASTER_PORT", "1", 1);
+    run_init(&r);
+    run_weftrun_within(
+        &r,
+        (const char *const[]){"-n", "3", "-x", "RANK=7", "--", "sh", "-c",
+                              "[ \"$WEFT_RANK\" != 0 ] || "
+                              "cp \"$WEFT_HOSTFILE\" \"$0/hf\"; " TORCH_VARS,
+                              r.dir, NULL},
+        20);
+    unsetenv("RANK");
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    expect_exit(&r, 0);
+    expect_in(r.err, "-x RANK ignored: weftrun sets RANK itself", "stderr");
+    torch_vars_parse(&r, N, v);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(v[i].rank, i, "rank %d: RANK=%d", i, v[i].rank);
+        cr_assert_eq(v[i].world_size, N, "rank %d: WORLD_SIZE", i);
+        cr_assert_eq(v[i].local_rank, i, "rank %d: LOCAL_RANK", i);
+        cr_assert_eq(v[i].local_world_size, N, "rank %d: LOCAL_WORLD_SIZE", i);
+        cr_assert_str_eq(v[i].master_addr, "127.0.0.1", "rank %d", i);
+        cr_assert(v[i].master_port >= 1024 && v[i].master_port <= 65535,
+                  "rank %d: MASTER_PORT=%d", i, v[i].master_port);
+        cr_assert_eq(v[i].master_port, v[0].master_port,
+                     "ranks 0 and %d got different MASTER_PORTs", i);
+    }
+    hf = path_in(&r, "hf");
+    root = json_load_file(hf, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", hf, jerr.text);
+    ports = json_object_get(json_array_get(json_object_get(root, "hosts"), 0),
+                            "ports");
+    cr_assert_eq(json_array_size(ports), (size_t)N);
+    for (size_t i = 0; i < N; i++)
+        cr_assert_neq(json_integer_value(json_array_get(ports, i)),
+                      v[0].master_port, "MASTER_PORT is rank %zu's port", i);
+    json_decref(root);
+    free(hf);
+    run_fini(&r);
+}
+
+/* MASTER_ADDR and MASTER_PORT are the two that -x may give: weftrun
+ * cannot know every network. */
+Test(weftrun, torchrun_master_from_x, .timeout = 30)
+{
+    struct torch_vars v[2];
+    struct run r;
+
+    setenv("MASTER_ADDR", "rank0.example", 1);
+    run_init(&r);
+    run_weftrun_within(&r,
+                       (const char *const[]){"-n", "2", "-x", "MASTER_ADDR",
+                                             "-x", "MASTER_PORT=29500", "--",
+                                             "sh", "-c", TORCH_VARS, NULL},
+                       20);
+    unsetenv("MASTER_ADDR");
+    expect_exit(&r, 0);
+    cr_assert_str_eq(r.err, "", "stderr should be empty:\n%s", r.err);
+    torch_vars_parse(&r, 2, v);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(v[i].rank, i);
+        cr_assert_str_eq(v[i].master_addr, "rank0.example");
+        cr_assert_eq(v[i].master_port, 29500);
+    }
+    run_fini(&r);
+}
+
+/* With a hostfile, each host's MASTER_ADDR is where it reaches rank 0's
+ * host: 127.0.0.1 there, rank 0's host's end of their first shared link,
+ * or (a host not linked to it) rank 0's host's end of its first link;
+ * MASTER_PORT follows the ports of rank 0's host, skipping any rank's.
+ * The ranks start through --launch-cmd, or over ssh (a stand-in that runs
+ * the command here with only the variables weftrun carries over, which
+ * are these and not WEFT_HOSTFILE). */
+Test(weftrun, torchrun_variables_hostfile, .timeout = 60)
+{
+    static const struct {
+        const char *file;
+        int ssh; /* over (fake) ssh, else --launch-cmd */
+        int n, master_port;
+        const char *master_addr[8];
+        int local_rank[8], local_world_size[8];
+    } cases[] = {
+        /* m1-m2 share links 0 and 2, m4-m1 link 3; m3 has none with m1. */
+        {"good-ring4x2.json",
+         0,
+         4,
+         40001,
+         {"127.0.0.1", "169.254.1.1", "169.254.1.1", "169.254.7.2"},
+         {0, 0, 0, 0},
+         {1, 1, 1, 1}},
+        /* Two ranks a host; a's ports 32323 and 32324. */
+        {"good-mesh3.json",
+         1,
+         6,
+         32325,
+         {"127.0.0.1", "127.0.0.1", "10.0.1.1", "10.0.1.1", "10.0.3.2",
+          "10.0.3.2"},
+         {0, 1, 0, 1, 0, 1},
+         {2, 2, 2, 2, 2, 2}},
+        /* node4's third rank listens on 32325; addresses are host names. */
+        {"good-mpirun.txt",
+         0,
+         7,
+         32326,
+         {"127.0.0.1", "127.0.0.1", "node1", "node1", "node1", "node1",
+          "node1"},
+         {0, 1, 0, 0, 0, 1, 2},
+         {2, 2, 1, 1, 3, 3, 3}},
+    };
+
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct torch_vars v[8];
+        char file[1024];
+        char *ssh = NULL;
+        struct run r;
+        FILE *f;
+
+        fixture(file, sizeof file, cases[c].file);
+        run_init(&r);
+        if (cases[c].ssh) {
+            ssh = path_in(&r, "ssh");
+            f = fopen(ssh, "w");
+            cr_assert_not_null(f);
+            fputs("#!/bin/sh\n"
+                  "while [ \"$1\" = -o ]; do shift 2; done\n"
+                  "shift\n"
+                  "exec env -i PATH=\"$PATH\" sh -c \"$*\"\n",
+                  f);
+            cr_assert_eq(fclose(f), 0);
+            cr_assert_eq(chmod(ssh, 0700), 0);
+            setenv("WEFTRUN_SSH", ssh, 1);
+            /* The ranks read the hostfile's text, not its path. */
+            run_weftrun_within(
+                &r,
+                (const char *const[]){"--hostfile", file, "--", "sh", "-c",
+                                      "[ -z \"${WEFT_HOSTFILE+set}\" ] && "
+                                      "[ -n \"$WEFT_HOSTFILE_TEXT\" ] || "
+                                      "exit 9; " TORCH_VARS,
+                                      NULL},
+                20);
+            unsetenv("WEFTRUN_SSH");
+        } else {
+            run_weftrun_within(
+                &r,
+                (const char *const[]){"--hostfile", file, "--launch-cmd", "env",
+                                      "--", "sh", "-c", TORCH_VARS, NULL},
+                20);
+        }
+        expect_exit(&r, 0);
+        torch_vars_parse(&r, cases[c].n, v);
+        for (int i = 0; i < cases[c].n; i++) {
+            cr_assert_eq(v[i].rank, i, "%s: rank %d", cases[c].file, i);
+            cr_assert_eq(v[i].world_size, cases[c].n, "%s: rank %d",
+                         cases[c].file, i);
+            cr_assert_eq(v[i].local_rank, cases[c].local_rank[i],
+                         "%s: rank %d: LOCAL_RANK=%d", cases[c].file, i,
+                         v[i].local_rank);
+            cr_assert_eq(v[i].local_world_size, cases[c].local_world_size[i],
+                         "%s: rank %d: LOCAL_WORLD_SIZE=%d", cases[c].file, i,
+                         v[i].local_world_size);
+            cr_assert_str_eq(v[i].master_addr, cases[c].master_addr[i],
+                             "%s: rank %d", cases[c].file, i);
+            cr_assert_eq(v[i].master_port, cases[c].master_port,
+                         "%s: rank %d: MASTER_PORT=%d", cases[c].file, i,
+                         v[i].master_port);
+        }
+        free(ssh);
+        run_fini(&r);
+    }
+}
