@@ -1,0 +1,876 @@
+"""Communicators, requests and listeners over libweft.
+
+Threads. libweft lets one thread at a time post on a communicator; here
+each Comm has a lock that its operations take, so Python threads that
+share a Comm are serialised instead of breaking that rule. abort() takes
+no such lock (it exists to end a call blocked in another thread), and
+close() aborts a call that another thread is blocked in before it
+finalizes, so it returns promptly.
+
+Requests and their buffers. A posted operation borrows its buffers until
+it completes, so a Request holds them (see _buffers) until then. A Request
+dropped while its operation is still pending is not waited for (that
+could block a garbage collection for the whole deadline): its C request
+and its buffers move to a module-level table of orphans, and each later
+post, wait_all or close frees those that have completed since. At exit
+every communicator still open is closed, which completes (aborts) what is
+pending, and the orphans are freed.
+
+Callbacks. Request.add_done_callback runs the function through
+weft_request_on_complete, in whichever thread completes the request:
+usually weft's progress thread, which ctypes gives the GIL for the
+callback. The function must be short and must not call weft (a blocking
+call there would stop the thread that completes requests); the methods of
+this module refuse to be called from it.
+"""
+import atexit
+import ctypes
+import itertools
+import logging
+import threading
+import weakref
+
+from weft import _errors
+from weft._buffers import Buf, Op, as_op, same_dtype
+from weft._errors import InvalidArgument, from_code
+from weft._lib import CALLBACK, Config, lib, text
+
+_log = logging.getLogger("weft")
+_tls = threading.local()
+
+
+def _in_callback():
+    return getattr(_tls, "in_callback", False)
+
+
+def _refuse_in_callback(what):
+    if _in_callback():
+        raise RuntimeError("weft: %s called from a done callback, which runs "
+                           "in the thread that completes requests and must "
+                           "not call weft" % what)
+
+
+def _init_error(rc):
+    """The exception of a failed weft_init-like call (message from
+    weft_last_error(NULL), which is per thread: this one)."""
+    msg = text(lib.weft_last_error(None)) or text(lib.weft_strerror(rc))
+    return from_code(rc, msg)
+
+
+def strerror(code):
+    """weft_strerror: the static text of a code."""
+    return text(lib.weft_strerror(code))
+
+
+# ---- orphans: requests dropped while pending ----
+
+_orphans = {}                 # C request address -> what pins its buffers
+_GONE = object()
+_deferred = []                # communicators to finalize outside a callback
+_orphans_lock = threading.Lock()
+
+
+def _request_done(handle):
+    done = ctypes.c_int(0)
+    rc = lib.weft_test(handle, ctypes.byref(done))
+    return done.value != 0, rc
+
+
+def _orphan(handle, keep):
+    with _orphans_lock:
+        _orphans[handle] = keep
+
+
+def _sweep():
+    """Frees the orphans that have completed, and finalizes communicators
+    that were dropped inside a callback."""
+    with _orphans_lock:
+        handles = list(_orphans)
+    for handle in handles:
+        if _request_done(handle)[0]:
+            with _orphans_lock:
+                mine = _orphans.pop(handle, _GONE) is not _GONE
+            if mine:  # another thread's sweep may have taken it
+                lib.weft_request_free(handle)
+    if _deferred and not _in_callback():
+        while _deferred:
+            lib.weft_finalize(_deferred.pop())
+
+
+def pending_orphans():
+    """How many dropped requests are still held (for tests)."""
+    with _orphans_lock:
+        return len(_orphans)
+
+
+# ---- requests ----
+
+class _ReqState:
+    """What a Request owns: the C request, the buffers it pins, and what
+    the operation returns. Separate from Request so that a half-made
+    request (an exception between the post and the Request) still frees
+    itself, and so that callbacks can keep the Request alive.
+
+    A thread that uses the C request (wait, test) holds it with use() and
+    unuse(); free() from another thread meanwhile is carried out by the
+    last user, so the C request is never freed under a waiting thread."""
+
+    def __init__(self, comm, keep, result):
+        self.handle = ctypes.c_void_p()
+        self.comm = comm
+        self.keep = keep
+        self.result = result
+        self.rc = None            # the operation's result, once known
+        self.lock = threading.Lock()
+        self.users = 0
+        self.freed = False        # free() was called
+        self.callbacks = None     # list, once a callback was registered
+
+    def done(self, rc):
+        """Records completion and unpins the buffers (the data is in)."""
+        if self.rc is None:
+            self.rc = rc
+        self.keep = None
+
+    def use(self):
+        """The C request (an int), held until unuse(); None once freed."""
+        with self.lock:
+            h = None if self.freed else self.handle.value
+            if h:
+                self.users += 1
+            return h
+
+    def unuse(self):
+        with self.lock:
+            self.users -= 1
+            last = self.users == 0 and self.freed
+        if last:
+            self._free()
+
+    def poll(self):
+        """Asks weft (never blocks); True once complete."""
+        if self.rc is None:
+            h = self.use()
+            if h:
+                try:
+                    done, rc = _request_done(h)
+                    if done:
+                        self.done(rc)
+                finally:
+                    self.unuse()
+        return self.rc is not None
+
+    def release(self):
+        """free(): frees the C request now if it has completed, else
+        orphans it; deferred to the last user while a thread uses it."""
+        with self.lock:
+            if self.freed:
+                return
+            self.freed = True
+            if self.users > 0:
+                return
+        self._free()
+
+    def _free(self):
+        with self.lock:
+            h, self.handle = self.handle.value, ctypes.c_void_p()
+        if not h:
+            return
+        if self.rc is None:
+            done, rc = _request_done(h)
+            if not done:
+                _orphan(h, self.keep)
+                self.keep = None
+                return
+            self.done(rc)
+        lib.weft_request_free(h)
+
+    def error(self):
+        return from_code(self.rc, self.comm._message(self.rc))
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass  # interpreter shutdown: the module may be half gone
+
+
+class Request:
+    """A pending operation (returned by Comm.i* methods).
+
+    wait() (or result()) blocks until it completes and returns the result
+    buffer (None for send and barrier) or raises the operation's weft.Error;
+    test() never blocks. The Request holds its buffers until the operation
+    completes; leave them alone until then. free() (or leaving a `with`
+    block, which waits first) releases the C request; a Request dropped
+    while pending is not waited for, and its buffers are kept until it
+    completes (see the module docstring).
+    """
+
+    def __init__(self, state, what):
+        self._st = state
+        self._what = what
+
+    def __repr__(self):
+        st = self._st
+        if st.freed and st.rc is None:
+            state = "freed"
+        elif st.rc is None:
+            state = "pending"
+        else:
+            state = "done" if st.rc == 0 else _errors._NAMES.get(st.rc, st.rc)
+        return "<weft.Request %s %s>" % (self._what, state)
+
+    def _outcome(self):
+        st = self._st
+        if st.rc != 0:
+            raise st.error()
+        return st.result
+
+    def wait(self):
+        """Blocks until the operation completes; returns its result buffer
+        or raises its weft.Error (again on every later call)."""
+        st = self._st
+        if st.rc is None:
+            _refuse_in_callback("Request.wait")
+            h = st.use()
+            if not h:
+                raise InvalidArgument("%r was freed before it completed" %
+                                      self)
+            try:
+                st.done(lib.weft_wait(h))
+            finally:
+                st.unuse()
+        return self._outcome()
+
+    result = wait
+
+    def test(self):
+        """True once complete (raising the operation's error if it failed),
+        False while pending. Never blocks."""
+        if not self._st.poll():
+            return False
+        self._outcome()
+        return True
+
+    def done(self):
+        """Whether the operation has completed (successfully or not)."""
+        return self._st.poll()
+
+    def exception(self):
+        """Waits, then returns the operation's weft.Error or None."""
+        try:
+            self.wait()
+        except _errors.Error as e:
+            return e
+        return None
+
+    def free(self):
+        """Releases the request. Pending, it is not waited for: the
+        operation still completes and its buffers stay held until then."""
+        self._st.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.wait()
+            else:
+                # Already failing: wait quietly, so the buffers are the
+                # caller's again when the block is left.
+                self.exception()
+        finally:
+            self.free()
+
+    def add_done_callback(self, fn):
+        """Calls fn(request) once the operation completes: at once, in this
+        thread, if it has; else in the thread that completes it (usually
+        weft's progress thread). fn must be short and must not call weft;
+        an exception it raises is logged (logger "weft") and dropped."""
+        st = self._st
+        h = st.use()
+        try:
+            with st.lock:
+                if st.rc is None and h and st.callbacks is not None:
+                    st.callbacks.append(fn)
+                    return
+                register = st.rc is None and h is not None
+                if register:
+                    st.callbacks = [fn]
+            if not register:
+                if st.rc is None:
+                    raise InvalidArgument("%r was freed" % self)
+                _run_callback(fn, self)
+                return
+            key = next(_cb_keys)
+            # The registry keeps this Request (and so its buffers) alive
+            # until the callback has run.
+            _cb_registry[key] = self
+            rc = lib.weft_request_on_complete(h, _on_complete, key)
+            if rc != 0:
+                _cb_registry.pop(key, None)
+                with st.lock:
+                    st.callbacks = None
+                raise from_code(rc, "weft_request_on_complete failed")
+        finally:
+            if h:
+                st.unuse()
+
+
+def _run_callback(fn, req):
+    try:
+        fn(req)
+    except Exception:
+        _log.exception("weft: exception in a done callback of %r", req)
+
+
+_cb_keys = itertools.count(1)
+_cb_registry = {}
+
+
+def _complete(req_ptr, result, key):
+    """Runs in the completing thread, with the GIL (ctypes takes it)."""
+    prev = _in_callback()
+    _tls.in_callback = True
+    try:
+        req = _cb_registry.pop(key, None)
+        if req is not None:
+            st = req._st
+            with st.lock:
+                if st.rc is None:
+                    st.done(result)
+                fns, st.callbacks = st.callbacks, []
+            for fn in fns or ():
+                _run_callback(fn, req)
+        # Drop the references here, while in_callback is still set: the
+        # last one to a Comm must not finalize it from its own progress
+        # thread (Comm.__del__ defers that).
+        req = st = fns = None
+    except BaseException:
+        _log.exception("weft: done callback machinery failed")
+    finally:
+        _tls.in_callback = prev
+
+
+# One trampoline for the life of the process: libweft may call it until
+# the last request completes, so it must never be collected.
+_on_complete = CALLBACK(_complete)
+
+
+def wait_all(requests):
+    """Waits for every request; returns their results in order, or raises
+    the first failure in order (as weft_wait_all)."""
+    reqs = list(requests)
+    held = []
+    try:
+        for r in reqs:
+            if r._st.rc is not None:
+                continue
+            h = r._st.use()
+            if not h:
+                raise InvalidArgument("%r was freed before it completed" % r)
+            held.append((r._st, h))
+        if held:
+            _refuse_in_callback("wait_all")
+            arr = (ctypes.c_void_p * len(held))(*[h for _, h in held])
+            lib.weft_wait_all(arr, len(held))
+            for st, h in held:
+                st.done(_request_done(h)[1])
+    finally:
+        for st, _ in held:
+            st.unuse()
+    _sweep()
+    return [r._outcome() for r in reqs]
+
+
+# ---- communicators ----
+
+_live = weakref.WeakSet()
+
+
+class Comm:
+    """A communicator: from weft.init() or weft.init_config().
+
+    Every operation is named as its C function without the prefix and
+    takes buffers (numpy arrays, bytearray, memoryview, array.array; see
+    _buffers); the dtype comes from the buffer unless dtype= is given, the
+    count is the whole buffer. Blocking operations return the result buffer;
+    the i* variants return a Request. A failure raises a weft.Error whose
+    message is weft_last_error(); after a timeout or a peer failure the
+    communicator is failed (every later call raises weft.AbortedError) and
+    close() plus a new weft.init() recover.
+    """
+
+    def __init__(self, handle):
+        if not handle:
+            raise InvalidArgument("Comm needs a weft_comm handle; use "
+                                  "weft.init() or weft.init_config()")
+        self._h = handle
+        self._rank = lib.weft_rank(handle)
+        self._size = lib.weft_size(handle)
+        self._op_lock = threading.Lock()
+        self._life_lock = threading.Lock()   # abort and messages vs close
+        self._final_error = ""
+        _live.add(self)
+
+    # -- properties and life cycle --
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    @property
+    def handle(self):
+        """The weft_comm * as an int (None once closed), for code that
+        calls libweft through ctypes itself."""
+        return self._h
+
+    def __repr__(self):
+        return "<weft.Comm rank %d of %d%s>" % (
+            self._rank, self._size, " closed" if self._h is None else "")
+
+    @property
+    def last_error(self):
+        """weft_last_error(): the first cause once failed, else the last
+        bad argument; "" if nothing failed."""
+        with self._life_lock:
+            if self._h is None:
+                return self._final_error
+            return text(lib.weft_last_error(self._h))
+
+    def _message(self, rc):
+        return self.last_error or strerror(rc)
+
+    def set_timeout(self, timeout_ms):
+        """Per-operation deadline of later calls, in milliseconds (> 0)."""
+        self._call(lib.weft_set_timeout, (int(timeout_ms),))
+
+    def abort(self):
+        """Ends a call blocked on this communicator (in any thread) with
+        weft.AbortedError; every later call fails the same way."""
+        with self._life_lock:
+            if self._h is not None:
+                lib.weft_abort(self._h)
+
+    def close(self):
+        """weft_finalize: frees everything, promptly even on a failed
+        communicator. Pending requests complete with weft.AbortedError; a
+        call blocked in another thread is aborted first. Idempotent."""
+        _refuse_in_callback("Comm.close")
+        if self._h is None:
+            return
+        if not self._op_lock.acquire(blocking=False):
+            self.abort()
+            self._op_lock.acquire()
+        try:
+            self._finalize()
+        finally:
+            self._op_lock.release()
+        _sweep()
+
+    finalize = close
+
+    def _finalize(self):
+        with self._life_lock:
+            h = self._h
+            if h is None:
+                return
+            self._final_error = text(lib.weft_last_error(h))
+            self._h = None
+        # Outside _life_lock: weft_finalize runs the callbacks of the
+        # requests it aborts, and they may read last_error.
+        lib.weft_finalize(h)
+
+    def _close_at_exit(self):
+        self.abort()
+        if self._op_lock.acquire(timeout=10):
+            try:
+                self._finalize()
+            finally:
+                self._op_lock.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is None:
+            return
+        self._h = None
+        try:
+            if _in_callback():
+                _deferred.append(h)
+            else:
+                lib.weft_finalize(h)
+        except Exception:
+            pass  # interpreter shutdown
+
+    # -- calling weft --
+
+    def _live_handle(self):
+        if self._h is None:
+            raise InvalidArgument("%r is closed" % self)
+        return self._h
+
+    def _raise(self, rc):
+        raise from_code(rc, text(lib.weft_last_error(self._h)) or
+                        strerror(rc))
+
+    def _call(self, fn, args):
+        _refuse_in_callback("Comm")
+        with self._op_lock:
+            h = self._live_handle()
+            rc = fn(h, *args)
+            if rc != 0:
+                self._raise(rc)
+
+    def _post(self, fn, args, keep, result, what):
+        """Posts fn(comm, *args, &req) and returns its Request, which pins
+        the Bufs in keep until the operation completes. (weft.torch may
+        post through it with its own buffers.)"""
+        _refuse_in_callback("Comm")
+        _sweep()
+        st = _ReqState(self, keep, result)
+        with self._op_lock:
+            h = self._live_handle()
+            rc = fn(h, *args, ctypes.byref(st.handle))
+            if rc != 0:
+                self._raise(rc)
+        return Request(st, what)
+
+    # -- argument sets, shared by the blocking and non-blocking forms --
+
+    def _all_reduce_args(self, sendbuf, recvbuf, op, dtype):
+        op = as_op(op)
+        if recvbuf is None:
+            s = r = Buf(sendbuf, "all_reduce sendbuf (in place)", True, dtype)
+        else:
+            s = Buf(sendbuf, "all_reduce sendbuf", False, dtype)
+            r = Buf(recvbuf, "all_reduce recvbuf", True, dtype)
+            same_dtype(s, r, "all_reduce")
+            if r.count != s.count:
+                raise InvalidArgument(
+                    "all_reduce: recvbuf holds %d elements, sendbuf %d; "
+                    "they must match" % (r.count, s.count))
+        result = sendbuf if recvbuf is None else recvbuf
+        return (s.ptr, r.ptr, s.count, s.dtype, op), (s, r), result
+
+    def _blocks(self, buf, what):
+        """Elements per rank of a buffer that holds one block per rank."""
+        if buf.count % self._size != 0:
+            raise InvalidArgument(
+                "%s holds %d elements, not a block for each of the %d "
+                "ranks" % (what, buf.count, self._size))
+        return buf.count // self._size
+
+    def _all_gather_args(self, sendbuf, recvbuf, dtype):
+        if recvbuf is None:
+            # In place: sendbuf holds size*count, this rank's data first.
+            r = Buf(sendbuf, "all_gather buffer (in place)", True, dtype)
+            count = self._blocks(r, "all_gather buffer (in place)")
+            return (r.ptr, r.ptr, count, r.dtype), (r,), sendbuf
+        s = Buf(sendbuf, "all_gather sendbuf", False, dtype)
+        r = Buf(recvbuf, "all_gather recvbuf", True, dtype)
+        same_dtype(s, r, "all_gather")
+        if r.count != self._size * s.count:
+            raise InvalidArgument(
+                "all_gather: recvbuf holds %d elements but must hold "
+                "size*count = %d*%d = %d" %
+                (r.count, self._size, s.count, self._size * s.count))
+        return (s.ptr, r.ptr, s.count, s.dtype), (s, r), recvbuf
+
+    def _reduce_scatter_args(self, sendbuf, recvbuf, op, dtype):
+        op = as_op(op)
+        if recvbuf is None:
+            # In place: the result lands in sendbuf's first block.
+            s = Buf(sendbuf, "reduce_scatter buffer (in place)", True, dtype)
+            count = self._blocks(s, "reduce_scatter buffer (in place)")
+            return (s.ptr, s.ptr, count, s.dtype, op), (s,), sendbuf
+        s = Buf(sendbuf, "reduce_scatter sendbuf", False, dtype)
+        r = Buf(recvbuf, "reduce_scatter recvbuf", True, dtype)
+        same_dtype(s, r, "reduce_scatter")
+        if s.count != self._size * r.count:
+            raise InvalidArgument(
+                "reduce_scatter: sendbuf holds %d elements but must hold "
+                "size*recvcount = %d*%d = %d" %
+                (s.count, self._size, r.count, self._size * r.count))
+        return (s.ptr, r.ptr, r.count, r.dtype, op), (s, r), recvbuf
+
+    def _broadcast_args(self, buf, root, dtype):
+        root = int(root)
+        # The root only reads: a read-only buffer will do there.
+        b = Buf(buf, "broadcast buf", root != self._rank, dtype)
+        return (b.ptr, b.count, b.dtype, root), (b,), buf
+
+    def _send_args(self, buf, peer, dtype):
+        b = Buf(buf, "send buf", False, dtype)
+        return (b.ptr, b.count, b.dtype, int(peer)), (b,), None
+
+    def _recv_args(self, buf, peer, dtype):
+        b = Buf(buf, "recv buf", True, dtype)
+        return (b.ptr, b.count, b.dtype, int(peer)), (b,), buf
+
+    def _sendrecv_args(self, sendbuf, dst, recvbuf, src, dtype):
+        s = Buf(sendbuf, "sendrecv sendbuf", False, dtype)
+        r = Buf(recvbuf, "sendrecv recvbuf", True, dtype)
+        same_dtype(s, r, "sendrecv")
+        if r.count != s.count:
+            raise InvalidArgument(
+                "sendrecv: recvbuf holds %d elements, sendbuf %d; they "
+                "must match" % (r.count, s.count))
+        return ((s.ptr, int(dst), r.ptr, int(src), s.count, s.dtype),
+                (s, r), recvbuf)
+
+    # -- blocking operations --
+
+    def all_reduce(self, sendbuf, recvbuf=None, op=Op.SUM, *, dtype=None):
+        """Reduces sendbuf over the ranks into recvbuf (None: in place, into
+        sendbuf); returns the buffer holding the result."""
+        args, keep, result = self._all_reduce_args(sendbuf, recvbuf, op, dtype)
+        self._call(lib.weft_all_reduce, args)
+        return result
+
+    def all_gather(self, sendbuf, recvbuf=None, *, dtype=None):
+        """Gathers every rank's sendbuf into recvbuf (size*count elements,
+        rank r's at r*count). recvbuf None: in place, sendbuf holds
+        size*count with this rank's data first. (NCCL's in-place form,
+        this rank's block at rank*count, is all_gather(buf[rank*n:
+        (rank+1)*n], buf).)"""
+        args, keep, result = self._all_gather_args(sendbuf, recvbuf, dtype)
+        self._call(lib.weft_all_gather, args)
+        return result
+
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM, *, dtype=None):
+        """Reduces sendbuf (size*recvcount elements) over the ranks; rank r
+        gets block r in recvbuf. recvbuf None: in place, the result in
+        sendbuf's first block."""
+        args, keep, result = self._reduce_scatter_args(sendbuf, recvbuf, op,
+                                                       dtype)
+        self._call(lib.weft_reduce_scatter, args)
+        return result
+
+    def broadcast(self, buf, root=0, *, dtype=None):
+        """Copies root's buf into buf on every rank."""
+        args, keep, result = self._broadcast_args(buf, root, dtype)
+        self._call(lib.weft_broadcast, args)
+        return result
+
+    def send(self, buf, peer, *, dtype=None):
+        """Sends buf to peer; returns once the data has left buf."""
+        args, keep, _ = self._send_args(buf, peer, dtype)
+        self._call(lib.weft_send, args)
+
+    def recv(self, buf, peer, *, dtype=None):
+        """Receives from peer into buf (its size is the count)."""
+        args, keep, result = self._recv_args(buf, peer, dtype)
+        self._call(lib.weft_recv, args)
+        return result
+
+    def sendrecv(self, sendbuf, dst, recvbuf, src, *, dtype=None):
+        """Sends sendbuf to dst while receiving recvbuf from src."""
+        args, keep, result = self._sendrecv_args(sendbuf, dst, recvbuf, src,
+                                                 dtype)
+        self._call(lib.weft_sendrecv, args)
+        return result
+
+    def barrier(self):
+        """Returns once every rank has called it."""
+        self._call(lib.weft_barrier, ())
+
+    # -- non-blocking operations --
+
+    def iall_reduce(self, sendbuf, recvbuf=None, op=Op.SUM, *, dtype=None):
+        return self._post(lib.weft_iall_reduce,
+                          *self._all_reduce_args(sendbuf, recvbuf, op, dtype),
+                          "all_reduce")
+
+    def iall_gather(self, sendbuf, recvbuf=None, *, dtype=None):
+        return self._post(lib.weft_iall_gather,
+                          *self._all_gather_args(sendbuf, recvbuf, dtype),
+                          "all_gather")
+
+    def ireduce_scatter(self, sendbuf, recvbuf=None, op=Op.SUM, *,
+                        dtype=None):
+        return self._post(lib.weft_ireduce_scatter,
+                          *self._reduce_scatter_args(sendbuf, recvbuf, op,
+                                                     dtype),
+                          "reduce_scatter")
+
+    def ibroadcast(self, buf, root=0, *, dtype=None):
+        return self._post(lib.weft_ibroadcast,
+                          *self._broadcast_args(buf, root, dtype), "broadcast")
+
+    def isend(self, buf, peer, *, dtype=None):
+        return self._post(lib.weft_isend, *self._send_args(buf, peer, dtype),
+                          "send")
+
+    def irecv(self, buf, peer, *, dtype=None):
+        return self._post(lib.weft_irecv, *self._recv_args(buf, peer, dtype),
+                          "recv")
+
+    def isendrecv(self, sendbuf, dst, recvbuf, src, *, dtype=None):
+        return self._post(lib.weft_isendrecv,
+                          *self._sendrecv_args(sendbuf, dst, recvbuf, src,
+                                               dtype),
+                          "sendrecv")
+
+    def ibarrier(self):
+        return self._post(lib.weft_ibarrier, (), (), None, "barrier")
+
+
+# Non-blocking forms share their blocking form's documentation.
+for _name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+              "send", "recv", "sendrecv", "barrier"):
+    getattr(Comm, "i" + _name).__doc__ = (
+        "Posts %s and returns a Request at once (its buffers are weft's "
+        "until it completes).\n\n" % _name + getattr(Comm, _name).__doc__)
+
+
+def init():
+    """weft_init: a communicator from the environment (weftrun, mpirun,
+    Slurm, torchrun; see the README). Raises weft.ConfigError saying what
+    to set when the environment is missing or contradictory."""
+    out = ctypes.c_void_p()
+    rc = lib.weft_init(ctypes.byref(out))
+    if rc != 0:
+        raise _init_error(rc)
+    return Comm(out.value)
+
+
+class Listener:
+    """weft_listener_open: a listening socket on host (None: 127.0.0.1) at
+    a port the system picks. Send .addr ("addr:port") to the other ranks
+    and pass the Listener to init_config, which takes it over."""
+
+    def __init__(self, host=None):
+        fn = lib.optional("weft_listener_open")
+        lib.optional("weft_listener_close")
+        out = ctypes.c_void_p()
+        addr = ctypes.create_string_buffer(64)
+        rc = fn(ctypes.byref(out), None if host is None else host.encode(),
+                addr, len(addr))
+        if rc != 0:
+            raise _init_error(rc)
+        self._h = out.value
+        self.addr = addr.value.decode()
+
+    def __repr__(self):
+        return "<weft.Listener %s%s>" % (
+            self.addr, "" if self._h else " closed")
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def _take(self):
+        h, self._h = self._h, None
+        return h
+
+    def close(self):
+        """Closes the socket; a no-op once closed or taken over."""
+        h = self._take()
+        if h:
+            lib.optional("weft_listener_close")(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _opt_str(value, name):
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise InvalidArgument("%s must be a str, not %s" %
+                          (name, type(value).__name__))
+
+
+def init_config(rank, size, hostfile_text=None, addrs=None, listener=None,
+                token=None, timeout_ms=0, connect_timeout_ms=0, wires=0,
+                transport=None, topology=None):
+    """weft_init_config: a communicator from these arguments instead of the
+    environment (a field left 0/None comes from the environment variable
+    weft_init reads for it). addrs: `size` "addr:port" strings in rank
+    order, this rank's being listener.addr; listener is taken over (closed
+    by weft), even on failure. Any number of communicators may live in one
+    process. Raises weft.NotSupported with a libweft that lacks it."""
+    fn = lib.optional("weft_init_config")
+    cfg = Config()
+    try:
+        cfg.rank, cfg.size = int(rank), int(size)
+        cfg.timeout_ms = int(timeout_ms)
+        cfg.connect_timeout_ms = int(connect_timeout_ms)
+        cfg.wires = int(wires)
+        cfg.hostfile_text = _opt_str(hostfile_text, "hostfile_text")
+        cfg.token = _opt_str(token, "token")
+        cfg.transport = _opt_str(transport, "transport")
+        cfg.topology = _opt_str(topology, "topology")
+        if addrs is not None:
+            if isinstance(addrs, (str, bytes)):
+                raise InvalidArgument("addrs must be a list of \"addr:port\""
+                                      " strings, one per rank")
+            enc = [_opt_str(a, "addrs[%d]" % i) for i, a in enumerate(addrs)]
+            # weft reads exactly size entries: a shorter list would be read
+            # past its end.
+            if len(enc) != cfg.size or None in enc:
+                raise InvalidArgument(
+                    "addrs holds %d addresses but size is %d: give one "
+                    "\"addr:port\" per rank" % (len(enc), cfg.size))
+            cfg.addrs = (ctypes.c_char_p * (len(enc) + 1))(*enc, None)
+        if listener is not None:
+            if not isinstance(listener, Listener):
+                raise InvalidArgument("listener must be a weft.Listener")
+            if listener.closed:
+                raise InvalidArgument("%r was closed or already used" %
+                                      listener)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, InvalidArgument):
+            raise
+        raise InvalidArgument("init_config: %s" % e) from None
+    if listener is not None:
+        # Taken over by weft_init_config from here on, even on failure.
+        cfg.listener = listener._take()
+    out = ctypes.c_void_p()
+    rc = fn(ctypes.byref(out), ctypes.byref(cfg))
+    if rc != 0:
+        raise _init_error(rc)
+    return Comm(out.value)
+
+
+@atexit.register
+def _close_all():
+    # Before the interpreter goes: pending operations end (their callbacks
+    # run while Python can still run them) and progress threads stop.
+    for c in list(_live):
+        try:
+            c._close_at_exit()
+        except Exception:
+            pass
+    try:
+        _sweep()
+    except Exception:
+        pass

@@ -1,0 +1,523 @@
+"""One rank of the Python package's multi-rank tests, run under weftrun by
+test_ranks.py: `weftrun -n N -- python3 ranks.py CASE`.
+
+Each case checks what it does against numpy computed locally (every rank
+can compute every rank's input), raises AssertionError on a difference
+(weftrun then fails the job) and prints "ok CASE" at the end.
+"""
+import builtins
+import gc
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import weft
+from weft import _comm
+
+DTYPES = [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64,
+          np.float16, np.float32, np.float64, "bf16"]
+OPS = [weft.SUM, weft.PROD, weft.MIN, weft.MAX]
+BIG = 1 << 20   # past the pipeline frame (256 KiB), so it is chunked
+
+
+def bf16_bits(f32):
+    return (np.asarray(f32, np.float32).view(np.uint32) >> 16).astype(
+        np.uint16)
+
+
+def bf16_value(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def make(rank, count, dt, seed=0):
+    """Rank's input: small integers (every sum and product exact in every
+    dtype, float16 and bfloat16 included), non-negative for unsigned."""
+    v = (np.arange(count, dtype=np.int64) * 7 + rank * 3 + seed) % 5
+    if dt == "bf16":
+        return bf16_bits((v - 2).astype(np.float32))
+    if np.dtype(dt).kind != "u":
+        v = v - 2
+    return v.astype(dt)
+
+
+def reduce_ref(arrays, op, dt):
+    if dt == "bf16":
+        vals = np.stack([bf16_value(a).astype(np.float64) for a in arrays])
+    else:
+        wide = np.float64 if np.dtype(dt).kind == "f" else np.int64
+        vals = np.stack([a.astype(wide) for a in arrays])
+    res = {weft.SUM: vals.sum(0), weft.PROD: vals.prod(0),
+           weft.MIN: vals.min(0), weft.MAX: vals.max(0)}[op]
+    if dt == "bf16":
+        return bf16_bits(res.astype(np.float32))
+    return res.astype(dt)
+
+
+def kw(dt):
+    return {"dtype": weft.BFLOAT16} if dt == "bf16" else {}
+
+
+def npdt(dt):
+    return np.uint16 if dt == "bf16" else dt
+
+
+def garbage(count, dt):
+    return np.full(count, 3, dtype=npdt(dt))
+
+
+class Runner:
+    """Calls an operation blocking, or posts its i-form and checks it
+    after one wait_all, so one list of cases serves both."""
+
+    def __init__(self, comm, blocking):
+        self.comm, self.blocking = comm, blocking
+        self.reqs, self.checks = [], []
+
+    def call(self, name, *args, result=None, **kwargs):
+        if self.blocking:
+            got = getattr(self.comm, name)(*args, **kwargs)
+            assert got is result, "%s returned %r" % (name, type(got))
+        else:
+            req = getattr(self.comm, "i" + name)(*args, **kwargs)
+            self.reqs.append((req, result, name))
+
+    def expect(self, label, got, want):
+        self.checks.append((label, got, want))
+
+    def finish(self):
+        if self.reqs:
+            results = weft.wait_all([r for r, _, _ in self.reqs])
+            for (req, result, name), got in zip(self.reqs, results):
+                assert got is result, "i%s: %r" % (name, req)
+                assert req.done() and req.test()
+                req.free()
+        for label, got, want in self.checks:
+            assert got.dtype == want.dtype, (label, got.dtype, want.dtype)
+            if not np.array_equal(got, want):
+                bad = np.flatnonzero(got != want)
+                raise AssertionError(
+                    "%s (%s): %d wrong elements, first at %d: got %r want %r"
+                    % (label, "blocking" if self.blocking else "non-blocking",
+                       bad.size, bad[0], got[bad[0]], want[bad[0]]))
+        self.reqs, self.checks = [], []
+
+
+def all_reduce_cases(t, r, n):
+    cases = [(dt, op, c) for dt in DTYPES for op in OPS for c in (1, 7)]
+    cases += [(dt, weft.SUM, c) for dt in DTYPES for c in (0, 1001)]
+    cases += [(np.float32, weft.SUM, BIG), (np.int64, weft.MAX, BIG)]
+    for i, (dt, op, count) in enumerate(cases):
+        label = "all_reduce %s %s count %d" % (dt if dt == "bf16" else
+                                               np.dtype(dt).name, op.name,
+                                               count)
+        want = reduce_ref([make(q, count, dt, i) for q in range(n)], op, dt)
+        send = make(r, count, dt, i)
+        if i % 2 == 0:
+            recv = garbage(count, dt)
+            t.call("all_reduce", send, recv, op, result=recv, **kw(dt))
+            t.expect(label, recv, want)
+            t.expect(label + " (sendbuf kept)", send, make(r, count, dt, i))
+        else:
+            # In place, with the op as a string for variety.
+            t.call("all_reduce", send, op=op.name.lower(), result=send,
+                   **kw(dt))
+            t.expect(label + " in place", send, want)
+
+
+def all_gather_cases(t, r, n):
+    for i, (dt, count) in enumerate(
+            [(dt, c) for dt in (np.uint8, np.float16, np.int64, "bf16")
+             for c in (0, 1, 7, 1001)] + [(np.float32, BIG // n)]):
+        label = "all_gather %s count %d" % (dt, count)
+        want = np.concatenate([make(q, count, dt, i) for q in range(n)])
+        send = make(r, count, dt, i)
+        recv = garbage(n * count, dt)
+        t.call("all_gather", send, recv, result=recv, **kw(dt))
+        t.expect(label, recv, want)
+        # In place, this rank's data first.
+        buf = garbage(n * count, dt)
+        buf[:count] = send
+        t.call("all_gather", buf, result=buf, **kw(dt))
+        t.expect(label + " in place", buf, want)
+        # NCCL's in place: this rank's block at rank*count, as a view.
+        buf2 = garbage(n * count, dt)
+        buf2[r * count:(r + 1) * count] = send
+        t.call("all_gather", buf2[r * count:(r + 1) * count], buf2,
+               result=buf2, **kw(dt))
+        t.expect(label + " in place (NCCL)", buf2, want)
+
+
+def reduce_scatter_cases(t, r, n):
+    cases = [(dt, weft.SUM, c) for dt in DTYPES for c in (0, 1, 7)]
+    cases += [(dt, op, 5) for dt in (np.int32, np.float64, "bf16")
+              for op in OPS]
+    cases += [(np.float32, weft.SUM, BIG // n)]
+    for i, (dt, op, count) in enumerate(cases):
+        label = "reduce_scatter %s %s count %d" % (dt, op.name, count)
+        full = reduce_ref([make(q, n * count, dt, i) for q in range(n)], op,
+                          dt)
+        want = full[r * count:(r + 1) * count]
+        send = make(r, n * count, dt, i)
+        recv = garbage(count, dt)
+        t.call("reduce_scatter", send, recv, op, result=recv, **kw(dt))
+        t.expect(label, recv, want)
+        buf = send.copy()
+        t.call("reduce_scatter", buf, None, op, result=buf, **kw(dt))
+        t.expect(label + " in place", buf[:count], want)
+
+
+def broadcast_cases(t, r, n):
+    for i, (dt, count, root) in enumerate(
+            [(np.uint8, 0, 0), (np.float16, 1, 1), (np.int64, 7, n - 1),
+             ("bf16", 1001, 1), (np.float64, BIG, 1)]):
+        label = "broadcast %s count %d root %d" % (dt, count, root)
+        if r == root:
+            buf = make(root, count, dt, i)
+            buf.setflags(write=False)   # the root only reads
+        else:
+            buf = garbage(count, dt)
+        t.call("broadcast", buf, root, result=buf, **kw(dt))
+        t.expect(label, buf, make(root, count, dt, i))
+
+
+def p2p_cases(t, r, n):
+    """Rank 0 sends to each rank in turn, each answers; then a ring of
+    sendrecv. (The order keeps large sends from waiting on each other.)"""
+    for i, (dt, count) in enumerate([(np.uint8, 0), (np.float16, 1),
+                                     (np.int64, 7), ("bf16", 1001),
+                                     (np.float32, BIG)]):
+        label = "send/recv %s count %d" % (dt, count)
+        if r == 0:
+            for q in range(1, n):
+                t.call("send", make(0, count, dt, i + q), q, **kw(dt))
+            for q in range(1, n):
+                back = garbage(count, dt)
+                t.call("recv", back, q, result=back, **kw(dt))
+                t.expect(label + " from %d" % q, back, make(q, count, dt, i))
+        else:
+            got = garbage(count, dt)
+            t.call("recv", got, 0, result=got, **kw(dt))
+            t.expect(label, got, make(0, count, dt, i + r))
+            t.call("send", make(r, count, dt, i), 0, **kw(dt))
+        dst, src = (r + 1) % n, (r - 1) % n
+        recv = garbage(count, dt)
+        t.call("sendrecv", make(r, count, dt, i), dst, recv, src,
+               result=recv, **kw(dt))
+        t.expect("sendrecv " + label, recv, make(src, count, dt, i))
+    t.call("barrier")
+
+
+def other_buffers(comm, r, n):
+    """Buffers that are not numpy arrays, and numpy arrays of other
+    shapes: the dtype and count come from the buffer."""
+    import array
+    total = n * (n - 1) // 2
+    a = array.array("d", [r, 1.5])
+    comm.all_reduce(a)
+    assert list(a) == [total, 1.5 * n], a
+    b = bytearray([r, 2])
+    comm.all_reduce(b, op=weft.MAX)
+    assert list(b) == [n - 1, 2], b
+    c = np.arange(6, dtype=np.int32).reshape(2, 3) + r
+    out = np.zeros((3, 2), np.int32)
+    comm.all_reduce(memoryview(c), out)
+    assert (out.ravel() == (np.arange(6) * n + total)).all(), out
+    s = np.full((), r, np.float64)            # a 0-d array
+    comm.all_reduce(s)
+    assert s == total, s
+    g = bytearray(n * 2)
+    comm.all_gather(bytes([r, r]), g)          # bytes: read-only, send side
+    assert list(g) == [q for q in range(n) for _ in (0, 1)], g
+
+
+def case_ops(comm):
+    r, n = comm.rank, comm.size
+    for blocking in (True, False):
+        t = Runner(comm, blocking)
+        for cases in (all_reduce_cases, all_gather_cases,
+                      reduce_scatter_cases, broadcast_cases, p2p_cases):
+            cases(t, r, n)
+            t.finish()
+    other_buffers(comm, r, n)
+    # Request forms: wait(), test() polling, a with block, ibarrier.
+    x = make(r, 1001, np.float32)
+    want = reduce_ref([make(q, 1001, np.float32) for q in range(n)],
+                      weft.SUM, np.float32)
+    req = comm.iall_reduce(x)
+    assert req.wait() is x and np.array_equal(x, want)
+    assert req.wait() is x      # again: the same result
+    y = make(r, 7, np.int64)
+    req = comm.iall_reduce(y, op=weft.MIN)
+    while not req.test():
+        pass
+    assert np.array_equal(y, reduce_ref([make(q, 7, np.int64)
+                                         for q in range(n)], weft.MIN,
+                                        np.int64))
+    z = make(r, 7, np.int64)
+    with comm.iall_reduce(z, op=weft.MAX):
+        pass
+    assert np.array_equal(z, reduce_ref([make(q, 7, np.int64)
+                                         for q in range(n)], weft.MAX,
+                                        np.int64))
+    comm.ibarrier().wait()
+    comm.barrier()
+
+
+def case_errors(comm):
+    """Bad arguments raise weft.InvalidArgument (a ValueError) before
+    anything is sent, and the communicator stays usable."""
+    r, n = comm.rank, comm.size
+    x = np.zeros(4, np.float32)
+    ro = np.zeros(4, np.float32)
+    ro.setflags(write=False)
+
+    def refused(fn, *words):
+        try:
+            fn()
+        except weft.InvalidArgument as e:
+            assert isinstance(e, ValueError) and e.code == -1, repr(e)
+            assert e.name == "WEFT_EINVAL", e.name
+            for w in words:
+                assert w in str(e), (w, str(e))
+            return e
+        raise AssertionError("no InvalidArgument from %s" % fn)
+
+    refused(lambda: comm.all_reduce(np.zeros(8, np.float32)[::2]),
+            "not contiguous")
+    refused(lambda: comm.iall_reduce(np.zeros((4, 4), np.float32)[:, 1]),
+            "not contiguous")
+    refused(lambda: comm.all_reduce(x, ro), "read-only")
+    refused(lambda: comm.recv(ro, (r + 1) % n), "read-only")
+    refused(lambda: comm.all_reduce(ro), "read-only")   # in place
+    refused(lambda: comm.all_gather(x, np.zeros(4 * n - 1, np.float32)),
+            "size*count")
+    refused(lambda: comm.iall_gather(x, np.zeros(4, np.float32)),
+            "size*count")
+    refused(lambda: comm.reduce_scatter(np.zeros(4 * n + 1, np.float32),
+                                        np.zeros(4, np.float32)),
+            "size*recvcount")
+    refused(lambda: comm.all_reduce(x, np.zeros(5, np.float32)), "match")
+    refused(lambda: comm.all_reduce(x, np.zeros(4, np.float64)), "FLOAT64")
+    for dt in (np.int16, np.bool_, np.complex64, np.longdouble):
+        refused(lambda: comm.all_reduce(np.zeros(4, dt)), "not a weft dtype")
+    refused(lambda: comm.all_reduce(np.zeros(4, ">f4")), "byte order")
+    refused(lambda: comm.all_reduce(x, dtype=weft.BFLOAT16), "convert")
+    refused(lambda: comm.all_reduce(x, dtype="complex"), "not a weft dtype")
+    refused(lambda: comm.all_reduce(x, op="xor"), "reduction")
+    refused(lambda: comm.all_reduce([1.0, 2.0]), "not a buffer")
+    # Refused by libweft itself: the message is weft_last_error().
+    e = refused(lambda: comm.send(x, n), "peer")
+    assert e.message == comm.last_error, (e.message, comm.last_error)
+    refused(lambda: comm.isend(x, -1))
+    refused(lambda: comm.broadcast(x, root=n))
+    refused(lambda: comm.ibroadcast(x, root=-1))
+    refused(lambda: comm.sendrecv(x, r, np.zeros(4, np.float32), r))
+    refused(lambda: comm.set_timeout(0), "timeout")
+    # Still usable.
+    y = np.full(3, r + 1, np.int32)
+    comm.all_reduce(y, op=weft.PROD)
+    assert (y == np.prod(np.arange(1, n + 1))).all(), y
+    comm.iall_reduce(y, op=weft.MIN).wait()
+    assert (y == y[0]).all()
+
+
+def ticker():
+    """A Python thread counting while the main thread is inside weft: it
+    runs only if the foreign call released the GIL."""
+    state = {"ticks": 0, "stop": False}
+
+    def run():
+        while not state["stop"]:
+            state["ticks"] += 1
+            time.sleep(0.002)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return state, th
+
+
+def case_timeout(comm):
+    """A recv nobody sends to: weft.TimeoutError at the deadline, carrying
+    weft_last_error, while another Python thread keeps running; then the
+    communicator is failed; then a fresh one forms in the same process."""
+    r = comm.rank
+    timeout_s = 1.0
+    for blocking in (True, False):
+        if r == 0:
+            comm.set_timeout(int(timeout_s * 1000))
+            state, th = ticker()
+            time.sleep(0.05)
+            ticks0, t0 = state["ticks"], time.monotonic()
+            try:
+                buf = np.zeros(16, np.float32)
+                if blocking:
+                    comm.recv(buf, 1)
+                else:
+                    req = comm.irecv(buf, 1)
+                    req.wait()
+                raise AssertionError("recv returned without a sender")
+            except weft.TimeoutError as e:
+                elapsed = time.monotonic() - t0
+                ticks = state["ticks"] - ticks0
+                state["stop"] = True
+                th.join()
+                assert isinstance(e, builtins.TimeoutError), type(e).__mro__
+                assert e.code == -4 and e.name == "WEFT_ETIMEDOUT", repr(e)
+                assert e.message and e.message == comm.last_error, (
+                    e.message, comm.last_error)
+                assert e.message in str(e), str(e)
+                assert timeout_s * 0.9 <= elapsed < 2 * timeout_s, elapsed
+                # 2 ms ticks: a thread held off by the GIL would count ~0.
+                assert ticks > 50, "other thread ran %d ticks" % ticks
+                print("timed out after %.2f s (%s): %s; other thread: %d "
+                      "ticks" % (elapsed, "blocking" if blocking else
+                                 "non-blocking", e, ticks), flush=True)
+            cause = comm.last_error
+            t0 = time.monotonic()
+            try:
+                comm.all_reduce(np.zeros(4, np.float32))
+                raise AssertionError("a failed communicator worked")
+            except weft.AbortedError:
+                assert time.monotonic() - t0 < 0.5
+            try:
+                comm.iall_reduce(np.zeros(4, np.float32))
+                raise AssertionError("a failed communicator posted")
+            except weft.AbortedError:
+                pass
+            assert comm.last_error == cause
+        else:
+            # Sends nothing; stays alive (not in weft) past the deadline.
+            time.sleep(2.5 * timeout_s)
+        comm.close()
+        assert comm.closed
+        comm = weft.init()   # recovery: a fresh communicator
+    x = np.full(5, r + 1.0)
+    comm.all_reduce(x)
+    assert (x == 3.0).all(), x
+    return comm
+
+
+def case_dead(comm, blocking):
+    """A rank that dies: the survivors get weft.PeerError or
+    weft.TimeoutError within twice the deadline, then AbortedError."""
+    r, n = comm.rank, comm.size
+    timeout_s = 2.0
+    comm.set_timeout(int(timeout_s * 1000))
+    comm.barrier()
+    if r == n - 1:
+        os._exit(0)      # no finalize: its sockets just close
+    x = np.ones(1 << 16, np.float32)
+    t0 = time.monotonic()
+    try:
+        if blocking:
+            comm.all_reduce(x)
+            raise AssertionError("all_reduce succeeded without a rank")
+        first = comm.iall_reduce(x)
+        try:
+            second = comm.iall_reduce(x.copy())
+        except weft.AbortedError:
+            second = None       # the first has failed the comm already
+        try:
+            first.wait()
+            raise AssertionError("iall_reduce succeeded without a rank")
+        finally:
+            # Pending behind the failure: completed with AbortedError.
+            if second is not None:
+                e = second.exception()
+                assert isinstance(e, weft.AbortedError), repr(e)
+    except (weft.PeerError, weft.TimeoutError) as e:
+        elapsed = time.monotonic() - t0
+        assert isinstance(e, (ConnectionError, builtins.TimeoutError))
+        assert e.message, repr(e)
+        assert elapsed < 2 * timeout_s, elapsed
+        print("after %.2f s: %s" % (elapsed, e), flush=True)
+    try:
+        comm.barrier()
+        raise AssertionError("a failed communicator worked")
+    except weft.AbortedError:
+        pass
+
+
+def case_callbacks(comm):
+    """add_done_callback, and requests dropped or freed while pending."""
+    r = comm.rank
+    main = threading.get_ident()
+    if r == 0:
+        time.sleep(0.3)       # rank 1's receives are pending meanwhile
+        for i in range(3):
+            comm.send(np.full(1000, i + 5, np.int32), 1)
+    else:
+        calls = []
+        buf = np.zeros(1000, np.int32)
+        req = comm.irecv(buf, 0)
+
+        def cb(q):
+            calls.append((q, threading.get_ident(), q.done(), buf[0]))
+            try:
+                comm.barrier()
+            except RuntimeError as e:
+                calls.append(e)
+            raise ValueError("raised by a callback: logged and dropped")
+
+        req.add_done_callback(cb)
+        req.add_done_callback(lambda q: calls.append("second"))
+        assert not req.done()
+        # Dropped while pending: its buffer stays held until it completes.
+        dropped = np.full(1000, -1, np.int32)
+        comm.irecv(dropped, 0)
+        gc.collect()
+        assert _comm.pending_orphans() == 1, _comm.pending_orphans()
+        freed = np.full(1000, -1, np.int32)
+        f = comm.irecv(freed, 0)
+        f.free()
+        assert "freed" in repr(f)
+        try:
+            f.wait()
+            raise AssertionError("wait on a freed request")
+        except weft.InvalidArgument:
+            pass
+        assert req.wait() is buf
+        comm.barrier()      # after every receive above
+        assert (buf == 5).all() and (dropped == 6).all() and \
+            (freed == 7).all()
+        q, tid, done, first = calls[0]
+        assert q is req and done and first == 5, calls
+        assert tid != main, "callback ran in the waiting thread"
+        assert isinstance(calls[1], RuntimeError), calls
+        assert calls[2] == "second", calls
+        # Already complete: runs at once, here.
+        late = []
+        req.add_done_callback(lambda q: late.append(threading.get_ident()))
+        assert late == [main], late
+        comm.ibarrier().wait()       # a post frees completed orphans
+        assert _comm.pending_orphans() == 0, _comm.pending_orphans()
+        return
+    comm.barrier()
+    comm.ibarrier().wait()
+
+
+def main():
+    case = sys.argv[1]
+    comm = weft.init()
+    if case == "ops":
+        case_ops(comm)
+    elif case == "errors":
+        case_errors(comm)
+    elif case == "timeout":
+        comm = case_timeout(comm)
+    elif case == "dead":
+        case_dead(comm, True)
+    elif case == "dead-nb":
+        case_dead(comm, False)
+    elif case == "callbacks":
+        case_callbacks(comm)
+    else:
+        raise SystemExit("unknown case " + case)
+    comm.close()
+    print("ok " + case, flush=True)
+
+
+if __name__ == "__main__":
+    main()
