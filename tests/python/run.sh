@@ -31,7 +31,9 @@ PYTHONPATH=$top/python${PYTHONPATH:+:$PYTHONPATH}
 # No __pycache__ or .pytest_cache: make distcheck's source tree is
 # read-only, and a checkout's should stay clean.
 PYTHONDONTWRITEBYTECODE=1
-export WEFT_LIBRARY PYTHONPATH PYTHONDONTWRITEBYTECODE
+# weft.torch compiles its extension once per build tree, here.
+TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$(pwd)/_torch_extensions}
+export WEFT_LIBRARY PYTHONPATH PYTHONDONTWRITEBYTECODE TORCH_EXTENSIONS_DIR
 # timeout(1) bounds the whole suite; each job in it has its own deadline.
-exec timeout -s KILL 300 "$py" -m pytest -q -rs -p no:cacheprovider \
+exec timeout -s KILL 900 "$py" -m pytest -q -rs -p no:cacheprovider \
     "$top/tests/python"

@@ -1,0 +1,715 @@
+// torch.distributed backend "weft": a process group whose operations are
+// weft requests. One source for torch 1.13, where a backend is a
+// c10d::ProcessGroup, and torch 2.x, where it is a c10d::Backend that torch
+// wraps in a ProcessGroup. weft/torch.py compiles it with
+// torch.utils.cpp_extension against the torch it runs with and registers
+// the backend.
+//
+// Every operation posts a weft request and returns a Work at once; the
+// request's completion callback (on weft's progress thread, or at once in
+// the posting thread) finishes the Work and completes its future, which is
+// what DDP waits on. Errors keep weft's code and message: the Python side
+// maps each code to a RuntimeError subclass (weft/torch.py).
+#include <torch/extension.h>
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+using WeftBase = c10d::Backend;
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+using WeftBase = c10d::ProcessGroup;
+#endif
+#include <pybind11/chrono.h>
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <weft.h>
+
+namespace {
+
+// A weft failure: its code and message, raised in Python as the
+// RuntimeError subclass weft/torch.py registers for the code.
+struct WeftTorchError : std::runtime_error {
+    int code;
+    WeftTorchError(int c, const std::string &msg)
+        : std::runtime_error(msg), code(c) {}
+};
+
+std::exception_ptr weft_error(int code, const std::string &what,
+                              const char *detail)
+{
+    std::string msg = what + ": " + weft_err_name(code) + ": " +
+                      (detail != nullptr && *detail ? detail
+                                                    : weft_strerror(code));
+    return std::make_exception_ptr(WeftTorchError(code, msg));
+}
+
+[[noreturn]] void unsupported(const std::string &msg)
+{
+    throw WeftTorchError(WEFT_EINVAL, "weft: " + msg);
+}
+
+weft_dtype to_weft(const at::Tensor &t)
+{
+    switch (t.scalar_type()) {
+    case at::kChar:
+        return WEFT_INT8;
+    case at::kByte:
+        return WEFT_UINT8;
+    case at::kInt:
+        return WEFT_INT32;
+    case at::kLong:
+        return WEFT_INT64;
+    case at::kHalf:
+        return WEFT_FLOAT16;
+    case at::kBFloat16:
+        return WEFT_BFLOAT16;
+    case at::kFloat:
+        return WEFT_FLOAT32;
+    case at::kDouble:
+        return WEFT_FLOAT64;
+    default:
+        unsupported(std::string("dtype ") + c10::toString(t.scalar_type()) +
+                    " is not supported; use float16, bfloat16, float32, "
+                    "float64, int8, uint8, int32 or int64");
+    }
+}
+
+// What every tensor handed to weft must be.
+void check_tensor(const at::Tensor &t, const char *what)
+{
+    if (!t.defined())
+        unsupported(std::string(what) + ": an undefined tensor");
+    if (!t.device().is_cpu())
+        unsupported(std::string(what) + ": a tensor on " + t.device().str() +
+                    "; weft supports CPU tensors only");
+    if (t.is_sparse())
+        unsupported(std::string(what) + ": sparse tensors are not supported");
+    if (!t.is_contiguous())
+        unsupported(std::string(what) +
+                    ": a non-contiguous tensor; call .contiguous() first");
+    to_weft(t);
+}
+
+const at::Tensor &only(const std::vector<at::Tensor> &v, const char *what)
+{
+    if (v.size() != 1)
+        unsupported(std::string(what) + ": expected one tensor, got " +
+                    std::to_string(v.size()) + " (one CPU tensor per call)");
+    check_tensor(v[0], what);
+    return v[0];
+}
+
+struct RedOp {
+    weft_redop op;
+    bool avg;
+};
+
+RedOp to_weft(const c10d::ReduceOp &r, const at::Tensor &t, const char *what)
+{
+    if (r == c10d::ReduceOp::SUM)
+        return {WEFT_SUM, false};
+    if (r == c10d::ReduceOp::PRODUCT)
+        return {WEFT_PROD, false};
+    if (r == c10d::ReduceOp::MIN)
+        return {WEFT_MIN, false};
+    if (r == c10d::ReduceOp::MAX)
+        return {WEFT_MAX, false};
+    if (r == c10d::ReduceOp::AVG) {
+        if (!at::isFloatingType(t.scalar_type()))
+            unsupported(std::string(what) + ": AVG of " +
+                        c10::toString(t.scalar_type()) +
+                        "; AVG needs a floating dtype");
+        return {WEFT_SUM, true};
+    }
+    unsupported(std::string(what) +
+                ": this reduction is not supported; use SUM, PRODUCT, MIN, "
+                "MAX or AVG");
+}
+
+std::string hexbytes(const unsigned char *b, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 0; i < n; i++) {
+        s += digits[b[i] >> 4];
+        s += digits[b[i] & 15];
+    }
+    return s;
+}
+
+// The address this host is reached at from MASTER_ADDR's host: the local
+// end of a UDP socket connected there (connect sends nothing). 127.0.0.1
+// where MASTER_ADDR is unset, loopback or does not resolve.
+std::string local_addr()
+{
+    const char *env = std::getenv("WEFT_LISTEN_ADDR");
+    if (env != nullptr && *env)
+        return env;
+    const char *master = std::getenv("MASTER_ADDR");
+    std::string out = "127.0.0.1";
+    struct addrinfo hints = {}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (master == nullptr || !*master ||
+        getaddrinfo(master, "9", &hints, &res) != 0)
+        return out;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    char ip[INET_ADDRSTRLEN];
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip) != nullptr &&
+        (ntohl(sa.sin_addr.s_addr) >> 24) != 127)
+        out = ip;
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return out;
+}
+
+// The hostfile weftrun gives (cables, wires) serves one communicator at a
+// time: its ports are the ranks' own. Others bootstrap from the store.
+std::atomic<int> hostfile_taken{0};
+
+class WorkWeft;
+
+class ProcessGroupWeft : public WeftBase {
+  public:
+    ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank,
+                     int size, std::chrono::milliseconds timeout);
+    ~ProcessGroupWeft() override
+    {
+        forget(this);
+        finalize();
+        if (uses_hostfile_)
+            hostfile_taken.store(0);
+    }
+
+    // Frees the communicator (its pending requests end with
+    // WEFT_EABORTED); later operations fail. weft_finalize joins weft's
+    // progress thread, whose completion callbacks may need the GIL (a
+    // tensor that Python saw, freed there), so the GIL is let go first.
+    void finalize()
+    {
+        weft_comm *c;
+        {
+            std::lock_guard<std::mutex> lock(post_mu_);
+            c = comm_;
+            comm_ = nullptr;
+        }
+        if (c == nullptr)
+            return;
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            py::gil_scoped_release nogil;
+            weft_finalize(c);
+        } else {
+            weft_finalize(c);
+        }
+    }
+
+    // Every live group, so that an exit handler can free them while the
+    // interpreter still runs (a callback on weft's thread that needs the
+    // GIL during the interpreter's own teardown would never get it).
+    static void finalize_all()
+    {
+        std::vector<ProcessGroupWeft *> all;
+        {
+            std::lock_guard<std::mutex> lock(live_mu());
+            all.assign(live().begin(), live().end());
+        }
+        for (auto *pg : all)
+            pg->finalize();
+    }
+
+    const std::string getBackendName() const override
+    {
+        return "weft";
+    }
+
+    c10::intrusive_ptr<c10d::Work>
+    broadcast(std::vector<at::Tensor> &tensors,
+              const c10d::BroadcastOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    allreduce(std::vector<at::Tensor> &tensors,
+              const c10d::AllreduceOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    allgather(std::vector<std::vector<at::Tensor>> &outputs,
+              std::vector<at::Tensor> &inputs,
+              const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    _allgather_base(at::Tensor &output, at::Tensor &input,
+                    const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    reduce_scatter(std::vector<at::Tensor> &outputs,
+                   std::vector<std::vector<at::Tensor>> &inputs,
+                   const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                         const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors,
+                                        int dst, int tag) override;
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors,
+                                        int src, int tag) override;
+    c10::intrusive_ptr<c10d::Work>
+    barrier(const c10d::BarrierOptions &opts) override;
+
+    void abort()
+    {
+        std::lock_guard<std::mutex> lock(post_mu_);
+        if (comm_ != nullptr)
+            weft_abort(comm_);
+    }
+    // How this group found its peers: "hostfile" or "store".
+    std::string bootstrap() const
+    {
+        return uses_hostfile_ ? "hostfile" : "store";
+    }
+    weft_comm *comm() const
+    {
+        return comm_;
+    }
+
+  private:
+    friend class WorkWeft;
+    static std::mutex &live_mu()
+    {
+        static std::mutex *m = new std::mutex;
+        return *m;
+    }
+    static std::set<ProcessGroupWeft *> &live()
+    {
+        static auto *s = new std::set<ProcessGroupWeft *>;
+        return *s;
+    }
+    static void remember(ProcessGroupWeft *pg)
+    {
+        std::lock_guard<std::mutex> lock(live_mu());
+        live().insert(pg);
+    }
+    static void forget(ProcessGroupWeft *pg)
+    {
+        std::lock_guard<std::mutex> lock(live_mu());
+        live().erase(pg);
+    }
+
+    c10::intrusive_ptr<c10d::Work>
+    post(c10::intrusive_ptr<WorkWeft> w, const char *what,
+         const std::function<int(weft_request **)> &start);
+
+    weft_comm *comm_ = nullptr;
+    bool uses_hostfile_ = false;
+    std::mutex post_mu_; // posts come from one thread at a time (weft.h)
+};
+
+// A Work backed by a weft request. It keeps the tensors it was given
+// (weft borrows their memory until the request completes) and, where the
+// operation needs one, a staging tensor and what to do after the request
+// (copy out, divide for AVG).
+class WorkWeft : public c10d::Work {
+  public:
+    WorkWeft(ProcessGroupWeft *pg, c10d::OpType type,
+             std::vector<at::Tensor> outputs)
+        : c10d::Work(pg->getRank(), type), comm_(pg->comm()),
+          outputs_(std::move(outputs)),
+          future_(c10::make_intrusive<c10::ivalue::Future>(
+              c10::ListType::create(c10::TensorType::get())))
+    {
+    }
+    ~WorkWeft() override
+    {
+        // Pending or not: weft frees it once complete.
+        weft_request_free(req_);
+    }
+
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override
+    {
+        return future_;
+    }
+    std::vector<at::Tensor> result() override
+    {
+        return outputs_;
+    }
+
+    std::vector<at::Tensor> keep_;  // inputs and staging, borrowed by weft
+    std::function<void()> after_;   // runs on success, before completion
+    const char *what_ = "";
+
+  private:
+    friend class ProcessGroupWeft;
+    static void on_complete(weft_request *, int result, void *arg)
+    {
+        // The reference the request held; this may be the last one.
+        auto *held = static_cast<c10::intrusive_ptr<WorkWeft> *>(arg);
+        (*held)->complete(result);
+        delete held;
+    }
+    void complete(int result)
+    {
+        std::exception_ptr e;
+        if (result == WEFT_OK && after_) {
+            try {
+                after_();
+            } catch (...) {
+                e = std::current_exception();
+            }
+        } else if (result != WEFT_OK) {
+            e = weft_error(result, std::string("weft: ") + what_,
+                           weft_last_error(comm_));
+        }
+        // The tensors stay with the Work until it is freed: freeing one
+        // that Python saw takes the GIL, which a thread blocked in wait()
+        // may hold.
+        finish(e);
+        if (e)
+            future_->setError(e);
+        else
+            future_->markCompleted(c10::IValue(outputs_));
+    }
+
+    weft_comm *comm_;
+    weft_request *req_ = nullptr;
+    std::vector<at::Tensor> outputs_;
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+ProcessGroupWeft::ProcessGroupWeft(
+    const c10::intrusive_ptr<c10d::Store> &store, int rank, int size,
+    std::chrono::milliseconds timeout)
+    : WeftBase(rank, size)
+{
+    long long ms = timeout.count();
+    weft_config cfg;
+    std::memset(&cfg, 0, sizeof cfg);
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.timeout_ms = ms <= 0 ? 0 : ms > INT_MAX ? INT_MAX : (int)ms;
+    cfg.connect_timeout_ms = cfg.timeout_ms;
+
+    const char *hf = std::getenv("WEFT_HOSTFILE");
+    const char *hft = std::getenv("WEFT_HOSTFILE_TEXT");
+    const char *wsize = std::getenv("WEFT_SIZE");
+    int expect = 0;
+    // weftrun's hostfile (its cables and wires) for the first group that
+    // spans the job; a second, or a smaller group, goes through the store.
+    if (((hf && *hf) || (hft && *hft)) && wsize && std::atoi(wsize) == size &&
+        hostfile_taken.compare_exchange_strong(expect, 1)) {
+        uses_hostfile_ = true;
+        // rank and size are torch's; the rest (hostfile, token, wires,
+        // transport, topology) weftrun's environment.
+        int rc = weft_init_config(&comm_, &cfg);
+        if (rc != WEFT_OK) {
+            hostfile_taken.store(0);
+            std::rethrow_exception(
+                weft_error(rc, "weft: init from the hostfile",
+                           weft_last_error(nullptr)));
+        }
+        remember(this);
+        return;
+    }
+
+    std::string token;
+    if (rank == 0) {
+        unsigned char b[16];
+        std::random_device rd;
+        for (auto &x : b)
+            x = (unsigned char)rd();
+        token = hexbytes(b, sizeof b);
+        store->set("weft/token", std::vector<uint8_t>(token.begin(),
+                                                      token.end()));
+    } else {
+        auto v = store->get("weft/token");
+        token.assign(v.begin(), v.end());
+    }
+
+    weft_listener *l = nullptr;
+    char addr[64];
+    std::string host = local_addr();
+    int rc = weft_listener_open(&l, host.c_str(), addr, sizeof addr);
+    if (rc != WEFT_OK)
+        std::rethrow_exception(weft_error(rc, "weft: listener on " + host,
+                                          weft_last_error(nullptr)));
+    std::vector<std::string> addrs((size_t)size);
+    std::vector<const char *> ptrs((size_t)size);
+    try {
+        store->set("weft/addr/" + std::to_string(rank),
+                   std::vector<uint8_t>(addr, addr + std::strlen(addr)));
+        for (int r = 0; r < size; r++) {
+            auto v = store->get("weft/addr/" + std::to_string(r));
+            addrs[(size_t)r].assign(v.begin(), v.end());
+            ptrs[(size_t)r] = addrs[(size_t)r].c_str();
+        }
+    } catch (...) {
+        weft_listener_close(l);
+        throw;
+    }
+    cfg.addrs = ptrs.data();
+    cfg.listener = l;
+    cfg.token = token.c_str();
+    rc = weft_init_config(&comm_, &cfg);
+    if (rc != WEFT_OK)
+        std::rethrow_exception(weft_error(rc, "weft: init from the store",
+                                          weft_last_error(nullptr)));
+    remember(this);
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::post(c10::intrusive_ptr<WorkWeft> w, const char *what,
+                       const std::function<int(weft_request **)> &start)
+{
+    w->what_ = what;
+    std::lock_guard<std::mutex> lock(post_mu_);
+    if (comm_ == nullptr)
+        throw WeftTorchError(WEFT_EABORTED,
+                             std::string("weft: ") + what +
+                                 ": the process group was shut down");
+    w->comm_ = comm_;
+    int rc = start(&w->req_);
+    if (rc != WEFT_OK)
+        std::rethrow_exception(weft_error(rc, std::string("weft: ") + what,
+                                          weft_last_error(comm_)));
+    // The request holds a reference until its callback has run.
+    weft_request_on_complete(w->req_, &WorkWeft::on_complete,
+                             new c10::intrusive_ptr<WorkWeft>(w));
+    return w;
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::broadcast(std::vector<at::Tensor> &tensors,
+                            const c10d::BroadcastOptions &opts)
+{
+    const at::Tensor &t = only(tensors, "broadcast");
+    if (opts.rootTensor != 0)
+        unsupported("broadcast: rootTensor must be 0");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::BROADCAST,
+                                           tensors);
+    int root = (int)opts.rootRank;
+    return post(w, "broadcast", [&](weft_request **r) {
+        return weft_ibroadcast(comm_, t.data_ptr(), (size_t)t.numel(),
+                               to_weft(t), root, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
+                            const c10d::AllreduceOptions &opts)
+{
+    const at::Tensor &t = only(tensors, "all_reduce");
+    RedOp op = to_weft(opts.reduceOp, t, "all_reduce");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLREDUCE,
+                                           tensors);
+    if (op.avg) {
+        at::Tensor out = t;
+        int n = getSize();
+        w->after_ = [out, n]() mutable { out.div_(n); };
+    }
+    return post(w, "all_reduce", [&](weft_request **r) {
+        return weft_iall_reduce(comm_, t.data_ptr(), t.data_ptr(),
+                                (size_t)t.numel(), to_weft(t), op.op, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::_allgather_base(at::Tensor &output, at::Tensor &input,
+                                  const c10d::AllgatherOptions &)
+{
+    check_tensor(input, "all_gather_into_tensor");
+    check_tensor(output, "all_gather_into_tensor");
+    if (output.scalar_type() != input.scalar_type() ||
+        output.numel() != input.numel() * getSize())
+        unsupported("all_gather_into_tensor: the output must have the "
+                    "input's dtype and world_size times its elements");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::_ALLGATHER_BASE,
+                                           std::vector<at::Tensor>{output});
+    w->keep_.push_back(input);
+    return post(w, "all_gather_into_tensor", [&](weft_request **r) {
+        return weft_iall_gather(comm_, input.data_ptr(), output.data_ptr(),
+                                (size_t)input.numel(), to_weft(input), r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::allgather(std::vector<std::vector<at::Tensor>> &outputs,
+                            std::vector<at::Tensor> &inputs,
+                            const c10d::AllgatherOptions &)
+{
+    const at::Tensor &in = only(inputs, "all_gather");
+    if (outputs.size() != 1 || outputs[0].size() != (size_t)getSize())
+        unsupported("all_gather: expected one list of world_size tensors");
+    for (auto &o : outputs[0]) {
+        check_tensor(o, "all_gather");
+        if (o.scalar_type() != in.scalar_type() || o.numel() != in.numel())
+            unsupported("all_gather: every output must have the input's "
+                        "dtype and number of elements");
+    }
+    // Gathered into one buffer, then copied into each output.
+    at::Tensor flat = at::empty({in.numel() * getSize()}, in.options());
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLGATHER,
+                                           outputs[0]);
+    w->keep_ = {in, flat};
+    std::vector<at::Tensor> outs = outputs[0];
+    w->after_ = [flat, outs]() {
+        size_t bytes = flat.nbytes() / outs.size();
+        for (size_t i = 0; i < outs.size(); i++)
+            std::memcpy(outs[i].data_ptr(),
+                        (const char *)flat.data_ptr() + i * bytes, bytes);
+    };
+    return post(w, "all_gather", [&](weft_request **r) {
+        return weft_iall_gather(comm_, in.data_ptr(), flat.data_ptr(),
+                                (size_t)in.numel(), to_weft(in), r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
+                                       const c10d::ReduceScatterOptions &opts)
+{
+    check_tensor(input, "reduce_scatter_tensor");
+    check_tensor(output, "reduce_scatter_tensor");
+    if (output.scalar_type() != input.scalar_type() ||
+        input.numel() != output.numel() * getSize())
+        unsupported("reduce_scatter_tensor: the input must have the output's "
+                    "dtype and world_size times its elements");
+    RedOp op = to_weft(opts.reduceOp, output, "reduce_scatter_tensor");
+    auto w = c10::make_intrusive<WorkWeft>(
+        this, c10d::OpType::_REDUCE_SCATTER_BASE,
+        std::vector<at::Tensor>{output});
+    w->keep_.push_back(input);
+    if (op.avg) {
+        at::Tensor out = output;
+        int n = getSize();
+        w->after_ = [out, n]() mutable { out.div_(n); };
+    }
+    return post(w, "reduce_scatter_tensor", [&](weft_request **r) {
+        return weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(),
+                                    (size_t)output.numel(), to_weft(output),
+                                    op.op, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::reduce_scatter(std::vector<at::Tensor> &outputs,
+                                 std::vector<std::vector<at::Tensor>> &inputs,
+                                 const c10d::ReduceScatterOptions &opts)
+{
+    const at::Tensor &out = only(outputs, "reduce_scatter");
+    if (inputs.size() != 1 || inputs[0].size() != (size_t)getSize())
+        unsupported("reduce_scatter: expected one list of world_size tensors");
+    for (auto &i : inputs[0]) {
+        check_tensor(i, "reduce_scatter");
+        if (i.scalar_type() != out.scalar_type() || i.numel() != out.numel())
+            unsupported("reduce_scatter: every input must have the output's "
+                        "dtype and number of elements");
+    }
+    RedOp op = to_weft(opts.reduceOp, out, "reduce_scatter");
+    // The inputs laid end to end, copied now: the caller may reuse them.
+    at::Tensor flat = at::empty({out.numel() * getSize()}, out.options());
+    size_t bytes = out.nbytes();
+    for (size_t i = 0; i < inputs[0].size(); i++)
+        std::memcpy((char *)flat.data_ptr() + i * bytes,
+                    inputs[0][i].data_ptr(), bytes);
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::REDUCE_SCATTER,
+                                           outputs);
+    w->keep_.push_back(flat);
+    if (op.avg) {
+        at::Tensor o = out;
+        int n = getSize();
+        w->after_ = [o, n]() mutable { o.div_(n); };
+    }
+    return post(w, "reduce_scatter", [&](weft_request **r) {
+        return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(),
+                                    (size_t)out.numel(), to_weft(out), op.op,
+                                    r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dst, int tag)
+{
+    const at::Tensor &t = only(tensors, "send");
+    if (tag != 0)
+        unsupported("send: tag " + std::to_string(tag) +
+                    "; weft matches messages between two ranks in order and "
+                    "takes tag 0 only");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::SEND, tensors);
+    return post(w, "send", [&](weft_request **r) {
+        return weft_isend(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
+                          dst, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int src, int tag)
+{
+    const at::Tensor &t = only(tensors, "recv");
+    if (tag != 0)
+        unsupported("recv: tag " + std::to_string(tag) +
+                    "; weft matches messages between two ranks in order and "
+                    "takes tag 0 only");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::RECV, tensors);
+    return post(w, "recv", [&](weft_request **r) {
+        return weft_irecv(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
+                          src, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::barrier(const c10d::BarrierOptions &)
+{
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::BARRIER,
+                                           std::vector<at::Tensor>{});
+    return post(w, "barrier",
+                [&](weft_request **r) { return weft_ibarrier(comm_, r); });
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    // Torch's c10d types (Store, Backend or ProcessGroup, Work) must be
+    // known to pybind11 before a class derives from them.
+    py::module::import("torch.distributed");
+    // Never freed: the translator may run until the interpreter exits.
+    static py::object *error_classes = new py::object(py::dict());
+    m.def("_set_error_classes", [](py::dict d) { *error_classes = d; });
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p)
+                std::rethrow_exception(p);
+        } catch (const WeftTorchError &e) {
+            py::object cls = error_classes->attr("get")(e.code, py::none());
+            PyErr_SetString(cls.is_none() ? PyExc_RuntimeError : cls.ptr(),
+                            e.what());
+        }
+    });
+    py::class_<ProcessGroupWeft, WeftBase,
+               c10::intrusive_ptr<ProcessGroupWeft>>(m, "ProcessGroupWeft")
+        .def(py::init<const c10::intrusive_ptr<c10d::Store> &, int, int,
+                      std::chrono::milliseconds>(),
+             py::arg("store"), py::arg("rank"), py::arg("size"),
+             py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
+        .def("abort", &ProcessGroupWeft::abort)
+        .def("_finalize", &ProcessGroupWeft::finalize)
+        .def_property_readonly("_bootstrap", &ProcessGroupWeft::bootstrap);
+    m.def("_finalize_all", &ProcessGroupWeft::finalize_all);
+}

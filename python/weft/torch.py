@@ -1,0 +1,154 @@
+"""torch.distributed backend "weft".
+
+``import weft.torch`` registers the backend, so that
+``torch.distributed.init_process_group("weft", ...)`` runs every collective
+of the group on weft: under weftrun (which also sets torchrun's RANK,
+WORLD_SIZE, MASTER_ADDR, ...), under torchrun or under any launcher torch
+accepts.
+
+The backend is a C++ extension (csrc/process_group.cpp) built with
+torch.utils.cpp_extension against the torch that imports it, the first time
+it is imported (about a minute), and cached in torch's extension directory
+(TORCH_EXTENSIONS_DIR) after that. One source serves torch 1.13, where a
+backend is a ProcessGroup, and torch 2.x, where it is a Backend.
+
+How a group finds its peers: the first group that spans a job started by
+weftrun uses weftrun's hostfile (WEFT_HOSTFILE: its cables and wires);
+every other group, and every group under other launchers, publishes each
+rank's address in the store torch hands the backend (the address that
+reaches MASTER_ADDR's host, or WEFT_LISTEN_ADDR). The ``timeout`` of
+init_process_group / new_group is weft's deadline for every operation and
+for connecting.
+
+Failures raise RuntimeError subclasses carrying weft's message:
+``weft.torch.WeftError`` and, per weft code, ``TimeoutError``,
+``PeerError``, ``MismatchError``, ``AbortedError``, ``InvalidArgument``, ...
+(each also a subclass of the matching ``weft`` exception where the weft
+package defines one).
+"""
+
+import atexit
+import os
+
+import torch
+import torch.distributed as dist
+
+from ._lib import lib as _libweft
+
+__all__ = ["WeftError", "is_available"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# weft's error codes (include/weft.h) and the Python names they take here.
+_CODES = {
+    -1: "InvalidArgument",
+    -2: "OutOfMemory",
+    -3: "ConfigError",
+    -4: "TimeoutError",
+    -5: "PeerError",
+    -6: "MismatchError",
+    -7: "AbortedError",
+    -8: "TransportError",
+    -9: "AuthError",
+    -10: "NotSupported",
+}
+
+
+class WeftError(RuntimeError):
+    """A weft failure raised through torch.distributed: weft's message
+    (the operation, the code's name, weft_last_error), and its code."""
+
+    code = 0
+
+    def __init__(self, message=""):
+        RuntimeError.__init__(self, message)
+        self.message = message
+        self.name = getattr(type(self), "name", "WEFT_E?")
+
+    def __str__(self):
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+def _make_errors():
+    import weft as _weft
+
+    classes = {}
+    for code, name in _CODES.items():
+        bases = [WeftError]
+        parent = getattr(_weft, name, None)
+        if isinstance(parent, type) and issubclass(parent, BaseException):
+            bases.append(parent)
+        try:
+            cls = type(name, tuple(bases), {"__module__": __name__})
+        except TypeError:  # incompatible layouts: RuntimeError alone
+            cls = type(name, (WeftError,), {"__module__": __name__})
+        cls.code = code
+        classes[code] = cls
+        globals()[name] = cls
+        __all__.append(name)
+    return classes
+
+
+def _include_dir():
+    """Where weft.h is: WEFT_INCLUDE_DIR, the source tree this package sits
+    in, or the includedir make install recorded."""
+    env = os.environ.get("WEFT_INCLUDE_DIR")
+    if env:
+        return env
+    top = os.path.dirname(os.path.dirname(_HERE))
+    if os.path.isfile(os.path.join(top, "include", "weft.h")):
+        return os.path.join(top, "include")
+    try:
+        from ._libpath import INCLUDEDIR
+        return INCLUDEDIR
+    except ImportError:
+        return "/usr/include"
+
+
+def _build():
+    """The compiled extension: built here (cached by torch) on first use,
+    against the libweft the package loaded."""
+    from torch.utils import cpp_extension
+
+    include = _include_dir()
+    libdir = os.path.dirname(os.path.realpath(_libweft.path))
+    if not os.path.isfile(os.path.join(include, "weft.h")):
+        raise ImportError("weft.torch: no weft.h in %s; set WEFT_INCLUDE_DIR "
+                          "to the directory that holds it" % include)
+    version = "%d_%d" % tuple(int(x) for x in torch.__version__.split(".")[:2])
+    return cpp_extension.load(
+        name="weft_torch_" + version,
+        sources=[os.path.join(_HERE, "csrc", "process_group.cpp")],
+        extra_include_paths=[include],
+        extra_cflags=["-O2"],
+        # The library itself, by path: the one this package loaded, whatever
+        # its name (libweft.so, or the soname where only that is installed).
+        extra_ldflags=[os.path.realpath(_libweft.path), "-Wl,-rpath," + libdir],
+        verbose=os.environ.get("WEFT_TORCH_VERBOSE") == "1",
+    )
+
+
+_C = _build()
+# Free every group's communicator while the interpreter still runs (see
+# ProcessGroupWeft::finalize_all).
+atexit.register(_C._finalize_all)
+_ERRORS = _make_errors()
+_C._set_error_classes(_ERRORS)
+
+
+def _create(store, rank, size, timeout):
+    return _C.ProcessGroupWeft(store, rank, size, timeout)
+
+
+def is_available():
+    return "WEFT" in dist.Backend._plugins
+
+
+if not is_available():
+    if int(torch.__version__.split(".")[0]) >= 2:
+        dist.Backend.register_backend("weft", _create, devices=["cpu"])
+    else:
+        dist.Backend.register_backend("weft", _create)

@@ -1,0 +1,282 @@
+"""One rank of a torch.distributed job on the "weft" backend (test_torch.py).
+
+Usage: torch_rank.py MODE [ARGS]. Rank and size come from the environment
+(RANK/WORLD_SIZE with MASTER_ADDR/MASTER_PORT, as torchrun or weftrun set
+them). Prints "PASS" last and exits 0 when every check held; any failure
+raises.
+"""
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import weft.torch  # noqa: F401  registers "weft"
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64,
+          torch.int8, torch.uint8, torch.int32, torch.int64]
+
+
+def init(timeout_s=30):
+    dist.init_process_group("weft", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def expect_equal(got, want, what):
+    if not torch.equal(got, want):
+        raise AssertionError("%s: got %s, expected %s" % (what, got[:8].tolist(), want[:8].tolist()))
+
+
+def values(rank, n, dtype, salt=0):
+    """Small integers, exact in every dtype (sums of a few ranks stay
+    below 127 and in float16's exact range)."""
+    return ((torch.arange(n) * 7 + rank * 3 + salt) % 5 + rank).to(dtype)
+
+
+def wait(work, async_op):
+    if async_op:
+        fut = work.get_future()
+        work.wait()
+        fut.wait()
+        if not work.is_completed():
+            raise AssertionError("work not completed after wait")
+
+
+def ops(rank, size):
+    n = 1037  # odd, and more than one frame of small dtypes
+    for async_op in (False, True):
+        for dt in DTYPES:
+            tag = "%s async=%s" % (dt, async_op)
+            ins = [values(r, n, dt) for r in range(size)]
+            ops_ = [(dist.ReduceOp.SUM, lambda xs: sum(x.to(torch.int64) for x in xs)),
+                    (dist.ReduceOp.PRODUCT, None),
+                    (dist.ReduceOp.MIN, lambda xs: torch.stack([x.to(torch.int64) for x in xs]).min(0).values),
+                    (dist.ReduceOp.MAX, lambda xs: torch.stack([x.to(torch.int64) for x in xs]).max(0).values)]
+            for op, ref in ops_:
+                if ref is None:  # product of values kept at 1 or 2
+                    pins = [(values(r, n, dt) % 2 + 1).to(dt) for r in range(size)]
+                    t = pins[rank].clone()
+                    want = torch.ones(n, dtype=torch.int64)
+                    for p in pins:
+                        want = want * p.to(torch.int64)
+                else:
+                    t = ins[rank].clone()
+                    want = ref(ins)
+                w = dist.all_reduce(t, op=op, async_op=async_op)
+                wait(w, async_op)
+                expect_equal(t, want.to(dt), "all_reduce %s %s" % (op, tag))
+            if dt.is_floating_point:
+                t = ins[rank].clone()
+                w = dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=async_op)
+                wait(w, async_op)
+                want = (sum(x.to(torch.float64) for x in ins) / size).to(dt)
+                if not torch.allclose(t.to(torch.float64), want.to(torch.float64), rtol=1e-2):
+                    raise AssertionError("avg %s" % tag)
+            # broadcast from the last rank
+            t = values(rank, n, dt, salt=1)
+            wait(dist.broadcast(t, src=size - 1, async_op=async_op), async_op)
+            expect_equal(t, values(size - 1, n, dt, salt=1), "broadcast " + tag)
+            # all_gather (a list) and all_gather_into_tensor
+            outs = [torch.empty(n, dtype=dt) for _ in range(size)]
+            wait(dist.all_gather(outs, ins[rank], async_op=async_op), async_op)
+            for r in range(size):
+                expect_equal(outs[r], ins[r], "all_gather[%d] %s" % (r, tag))
+            flat = torch.empty(n * size, dtype=dt)
+            gather_base = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+            wait(gather_base(flat, ins[rank], async_op=async_op), async_op)
+            expect_equal(flat, torch.cat(ins), "all_gather_into_tensor " + tag)
+            # reduce_scatter (a list) and reduce_scatter_tensor
+            chunks = [[values(r, n, dt, salt=10 + k) for k in range(size)] for r in range(size)]
+            out = torch.empty(n, dtype=dt)
+            wait(dist.reduce_scatter(out, chunks[rank], async_op=async_op), async_op)
+            want = sum(chunks[r][rank].to(torch.int64) for r in range(size)).to(dt)
+            expect_equal(out, want, "reduce_scatter " + tag)
+            scatter_base = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+            out = torch.empty(n, dtype=dt)
+            wait(scatter_base(out, torch.cat(chunks[rank]), async_op=async_op), async_op)
+            expect_equal(out, want, "reduce_scatter_tensor " + tag)
+            # send/recv around the ring (even ranks send first)
+            nxt, prv = (rank + 1) % size, (rank - 1) % size
+            got = torch.empty(n, dtype=dt)
+            mine = values(rank, n, dt, salt=20)
+            if size > 1:
+                if async_op:
+                    ws = dist.isend(mine, nxt)
+                    wr = dist.irecv(got, prv)
+                    ws.wait()
+                    wr.wait()
+                elif rank % 2 == 0:
+                    dist.send(mine, nxt)
+                    dist.recv(got, prv)
+                else:
+                    dist.recv(got, prv)
+                    dist.send(mine, nxt)
+                expect_equal(got, values(prv, n, dt, salt=20), "send/recv " + tag)
+            wait(dist.barrier(async_op=async_op), async_op)
+    # Large: pipelined over frames.
+    t = torch.full((3 << 20,), float(rank + 1))
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((3 << 20,), float(size * (size + 1) // 2)), "large all_reduce")
+    # Bad arguments: clear errors, the group still usable.
+    for bad, what in ((torch.zeros(3, dtype=torch.bool), "dtype Bool"),
+                      (torch.zeros(4, 4).t(), "non-contiguous"),
+                      (torch.zeros(3, dtype=torch.int16), "dtype Short")):
+        try:
+            dist.all_reduce(bad)
+        except RuntimeError as e:
+            if what not in str(e) or not isinstance(e, weft.torch.InvalidArgument):
+                raise AssertionError("error for %s: %r" % (what, e))
+        else:
+            raise AssertionError("no error for " + what)
+    try:
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.BAND)
+    except RuntimeError as e:
+        if "SUM, PRODUCT, MIN, MAX or AVG" not in str(e):
+            raise
+    else:
+        raise AssertionError("no error for BAND")
+    t = torch.ones(5)
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((5,), float(size)), "all_reduce after errors")
+
+
+def backend_of(group=None):
+    """weft's ProcessGroupWeft behind a group (torch 2.x wraps it)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if hasattr(pg, "_get_backend"):
+        return pg._get_backend(torch.device("cpu"))
+    return pg
+
+
+def groups(rank, size):
+    """new_group over a subset and over everyone, used side by side."""
+    sub = dist.new_group(list(range(size - 1)))
+    every = dist.new_group(list(range(size)))
+    t = torch.ones(100)
+    if rank < size - 1:
+        dist.all_reduce(t, group=sub)
+        expect_equal(t, torch.full((100,), float(size - 1)), "subgroup all_reduce")
+    print("bootstrap default=%s sub=%s every=%s" % (
+        backend_of()._bootstrap, backend_of(sub)._bootstrap if rank < size - 1 else "-",
+        backend_of(every)._bootstrap), flush=True)
+    t = torch.ones(100)
+    dist.all_reduce(t, group=every)
+    expect_equal(t, torch.full((100,), float(size)), "second world group")
+    t = torch.ones(100)
+    dist.all_reduce(t)
+    expect_equal(t, torch.full((100,), float(size)), "default group")
+
+
+def make_model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 4)).double()
+
+
+def batches(steps, global_batch):
+    g = torch.Generator().manual_seed(99)
+    return [(torch.randn(global_batch, 16, generator=g, dtype=torch.float64),
+             torch.randn(global_batch, 4, generator=g, dtype=torch.float64))
+            for _ in range(steps)]
+
+
+def ddp(rank, size, steps=20, kill_at=None, timeout_s=30):
+    """DDP on weft against one process training on the whole batch."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    per = 6
+    data = batches(steps, per * size)
+    model = DDP(make_model(), bucket_cap_mb=0.01)  # several buckets
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref = make_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    t0 = time.monotonic()
+    for step, (x, y) in enumerate(data):
+        if kill_at is not None and step == kill_at and rank == size - 1:
+            print("rank %d exits at step %d" % (rank, step), flush=True)
+            os._exit(3)
+        if kill_at is not None and step == kill_at:
+            t0 = time.monotonic()
+        opt.zero_grad()
+        lo, hi = rank * per, (rank + 1) * per
+        loss = torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
+        try:
+            loss.backward()
+            opt.step()
+        except RuntimeError as e:
+            dt = time.monotonic() - t0
+            print("rank %d raised at step %d after %.2f s: %s" % (rank, step, dt, str(e)[:300]), flush=True)
+            if kill_at is None or dt > 2 * timeout_s:
+                raise
+            print("PASS", flush=True)
+            os._exit(0)  # the group is failed; nothing more to tear down
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    if kill_at is not None:
+        raise AssertionError("rank %d never saw the failure" % rank)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+    ref_flat = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    every = [torch.empty_like(flat) for _ in range(size)]
+    dist.all_gather(every, flat)
+    for r in range(size):
+        if not torch.equal(every[r], flat):
+            raise AssertionError("rank %d's parameters differ from rank %d's" % (r, rank))
+    diff = (flat - ref_flat).abs().max().item()
+    print("max |ddp - one process| = %.3g" % diff, flush=True)
+    if diff > 1e-5:
+        raise AssertionError("DDP drifted from one process by %g" % diff)
+
+
+def main():
+    mode = sys.argv[1]
+    if mode == "ops":
+        rank, size = init()
+        ops(rank, size)
+        groups(rank, size)
+        dist.destroy_process_group()
+    elif mode == "reinit":
+        # destroy_process_group, then a new one in the same process.
+        for round_ in range(2):
+            os.environ["MASTER_PORT"] = sys.argv[2 + round_]
+            rank, size = init()
+            t = torch.full((10,), float(rank + round_))
+            dist.all_reduce(t)
+            want = float(sum(range(size)) + size * round_)
+            expect_equal(t, torch.full((10,), want), "round %d" % round_)
+            dist.destroy_process_group()
+    elif mode == "ddp":
+        rank, size = init()
+        ddp(rank, size)
+        dist.destroy_process_group()
+    elif mode == "ddp_kill":
+        rank, size = init(timeout_s=3)
+        ddp(rank, size, kill_at=5, timeout_s=3)
+    elif mode == "timeout":
+        # The last rank never joins the collective: the others raise
+        # weft's TimeoutError (a RuntimeError) within twice the timeout.
+        rank, size = init(timeout_s=2)
+        if rank == size - 1:
+            time.sleep(3)
+        else:
+            t0 = time.monotonic()
+            try:
+                dist.all_reduce(torch.ones(10))
+            except RuntimeError as e:
+                dt = time.monotonic() - t0
+                print("raised %s after %.2f s: %s" % (type(e).__name__, dt, e), flush=True)
+                if dt > 4.0:
+                    raise AssertionError("raised after %.2f s" % dt)
+            else:
+                raise AssertionError("no error")
+    else:
+        raise SystemExit("unknown mode " + mode)
+    print("PASS", flush=True)
+
+
+if __name__ == "__main__":
+    main()
