@@ -144,3 +144,15 @@ def test_under_torchrun():
                          text=True, start_new_session=True)
     (rc, out), = finish([p], ["torchrun"], DEADLINE_S)
     assert rc == 0 and out.count("PASS") == 2, out[-3000:]
+
+
+def test_example_torch_ddp():
+    weftrun = os.environ.get("WEFTRUN")
+    if not weftrun:
+        pytest.skip("WEFTRUN is not set (make check sets it)")
+    example = os.path.join(HERE, "..", "..", "examples", "torch_ddp.py")
+    p = subprocess.Popen([weftrun, "-n", "2", "--", sys.executable, example],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    (rc, out), = finish([p], ["weftrun"], DEADLINE_S)
+    assert rc == 0 and "parameters identical on 2 ranks" in out, out[-3000:]
