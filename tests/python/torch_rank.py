@@ -98,6 +98,15 @@ def ops(rank, size):
             out = torch.empty(n, dtype=dt)
             wait(scatter_base(out, torch.cat(chunks[rank]), async_op=async_op), async_op)
             expect_equal(out, want, "reduce_scatter_tensor " + tag)
+            if dt.is_floating_point:
+                mean = (want.to(torch.float64) / size).to(dt)
+                for rs, name in ((dist.reduce_scatter, "reduce_scatter"),
+                                 (scatter_base, "reduce_scatter_tensor")):
+                    out = torch.empty(n, dtype=dt)
+                    inp = chunks[rank] if name == "reduce_scatter" else torch.cat(chunks[rank])
+                    wait(rs(out, inp, op=dist.ReduceOp.AVG, async_op=async_op), async_op)
+                    if not torch.allclose(out.to(torch.float64), mean.to(torch.float64), rtol=1e-2):
+                        raise AssertionError("%s avg %s" % (name, tag))
             # send/recv around the ring (even ranks send first)
             nxt, prv = (rank + 1) % size, (rank - 1) % size
             got = torch.empty(n, dtype=dt)

@@ -119,6 +119,15 @@ const at::Tensor &only(const std::vector<at::Tensor> &v, const char *what)
     return v[0];
 }
 
+// weft matches the messages between two ranks in post order, with no tags.
+void check_tag(int tag, const char *what)
+{
+    if (tag != 0)
+        unsupported(std::string(what) + ": tag " + std::to_string(tag) +
+                    "; weft matches messages between two ranks in order and "
+                    "takes tag 0 only");
+}
+
 struct RedOp {
     weft_redop op;
     bool avg;
@@ -285,10 +294,6 @@ class ProcessGroupWeft : public WeftBase {
     {
         return uses_hostfile_ ? "hostfile" : "store";
     }
-    weft_comm *comm() const
-    {
-        return comm_;
-    }
 
   private:
     friend class WorkWeft;
@@ -330,7 +335,7 @@ class WorkWeft : public c10d::Work {
   public:
     WorkWeft(ProcessGroupWeft *pg, c10d::OpType type,
              std::vector<at::Tensor> outputs)
-        : c10d::Work(pg->getRank(), type), comm_(pg->comm()),
+        : c10d::Work(pg->getRank(), type),
           outputs_(std::move(outputs)),
           future_(c10::make_intrusive<c10::ivalue::Future>(
               c10::ListType::create(c10::TensorType::get())))
@@ -353,6 +358,12 @@ class WorkWeft : public c10d::Work {
 
     std::vector<at::Tensor> keep_;  // inputs and staging, borrowed by weft
     std::function<void()> after_;   // runs on success, before completion
+
+    // AVG: weft sums, then t (the result) is divided by the group's size.
+    void divide_after(at::Tensor t, int n)
+    {
+        after_ = [t, n]() mutable { t.div_(n); };
+    }
     const char *what_ = "";
 
   private:
@@ -387,7 +398,7 @@ class WorkWeft : public c10d::Work {
             future_->markCompleted(c10::IValue(outputs_));
     }
 
-    weft_comm *comm_;
+    weft_comm *comm_ = nullptr; // set by post(), for the error message
     weft_request *req_ = nullptr;
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -518,11 +529,8 @@ ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
     RedOp op = to_weft(opts.reduceOp, t, "all_reduce");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLREDUCE,
                                            tensors);
-    if (op.avg) {
-        at::Tensor out = t;
-        int n = getSize();
-        w->after_ = [out, n]() mutable { out.div_(n); };
-    }
+    if (op.avg)
+        w->divide_after(t, getSize());
     return post(w, "all_reduce", [&](weft_request **r) {
         return weft_iall_reduce(comm_, t.data_ptr(), t.data_ptr(),
                                 (size_t)t.numel(), to_weft(t), op.op, r);
@@ -595,11 +603,8 @@ ProcessGroupWeft::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
         this, c10d::OpType::_REDUCE_SCATTER_BASE,
         std::vector<at::Tensor>{output});
     w->keep_.push_back(input);
-    if (op.avg) {
-        at::Tensor out = output;
-        int n = getSize();
-        w->after_ = [out, n]() mutable { out.div_(n); };
-    }
+    if (op.avg)
+        w->divide_after(output, getSize());
     return post(w, "reduce_scatter_tensor", [&](weft_request **r) {
         return weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(),
                                     (size_t)output.numel(), to_weft(output),
@@ -631,11 +636,8 @@ ProcessGroupWeft::reduce_scatter(std::vector<at::Tensor> &outputs,
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::REDUCE_SCATTER,
                                            outputs);
     w->keep_.push_back(flat);
-    if (op.avg) {
-        at::Tensor o = out;
-        int n = getSize();
-        w->after_ = [o, n]() mutable { o.div_(n); };
-    }
+    if (op.avg)
+        w->divide_after(out, getSize());
     return post(w, "reduce_scatter", [&](weft_request **r) {
         return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(),
                                     (size_t)out.numel(), to_weft(out), op.op,
@@ -647,10 +649,7 @@ c10::intrusive_ptr<c10d::Work>
 ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dst, int tag)
 {
     const at::Tensor &t = only(tensors, "send");
-    if (tag != 0)
-        unsupported("send: tag " + std::to_string(tag) +
-                    "; weft matches messages between two ranks in order and "
-                    "takes tag 0 only");
+    check_tag(tag, "send");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::SEND, tensors);
     return post(w, "send", [&](weft_request **r) {
         return weft_isend(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
@@ -662,10 +661,7 @@ c10::intrusive_ptr<c10d::Work>
 ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int src, int tag)
 {
     const at::Tensor &t = only(tensors, "recv");
-    if (tag != 0)
-        unsupported("recv: tag " + std::to_string(tag) +
-                    "; weft matches messages between two ranks in order and "
-                    "takes tag 0 only");
+    check_tag(tag, "recv");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::RECV, tensors);
     return post(w, "recv", [&](weft_request **r) {
         return weft_irecv(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
