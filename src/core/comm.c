@@ -22,10 +22,19 @@ const char *weft_last_error(const weft_comm *c)
     return c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg;
 }
 
-static const weft__tp_ops *pick_transport(const char *name)
+/* TCP, with shared memory between this rank and the others of its host
+ * where there are any (unless WEFT_SHM=0); or ibverbs. */
+static const weft__tp_ops *pick_transport(const weft__config *cfg)
 {
-    if (strcmp(name, "tcp") == 0)
+    const char *name = cfg->transport;
+
+    if (strcmp(name, "tcp") == 0) {
+        for (int r = 0; cfg->shm && r < cfg->nranks; r++)
+            if (r != cfg->rank &&
+                cfg->rank_host[r] == cfg->rank_host[cfg->rank])
+                return &weft__shm_ops;
         return &weft__tcp_ops;
+    }
 #ifdef WEFT_HAVE_IBVERBS
     if (strcmp(name, "ibverbs") == 0)
         return &weft__ibverbs_ops;
@@ -83,7 +92,7 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
     c->x.timeout_ms = c->cfg.timeout_ms;
     c->x.fail.rank = c->x.rank;
     atomic_init(&c->x.aborted, 0);
-    c->x.tpo = pick_transport(c->cfg.transport);
+    c->x.tpo = pick_transport(&c->cfg);
     if (c->x.tpo == NULL) {
         snprintf(init_errmsg, sizeof init_errmsg,
                  "transport \"%s\" is not available in this build of weft "

@@ -317,6 +317,19 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                        s != NULL ? s : cfg->transport,
                        uc && uc->transport ? "weft_config.transport"
                                            : "WEFT_TRANSPORT");
+    if ((rc = env_int("WEFT_SHM", 0, 1, 1, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->shm = (int)v;
+    if ((rc = env_int("WEFT_SHM_RING_BYTES", 4096, 1L << 30,
+                      WEFT__DEFAULT_SHM_RING_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    if ((v & (v - 1)) != 0)
+        return CFG_ERR("WEFT_SHM_RING_BYTES=%ld is not a power of two", v);
+    cfg->shm_ring_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_SHM_CMA_BYTES", 0, 1L << 40,
+                      WEFT__DEFAULT_SHM_CMA_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->shm_cma_bytes = (size_t)v;
     if ((rc = env_int("WEFT_IB_SLOTS", 2, 4096, WEFT__DEFAULT_IB_SLOTS, &v,
                       errmsg, errlen)) != 0)
         return rc;

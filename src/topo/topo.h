@@ -24,6 +24,12 @@
  * slots of this many bytes each way (WEFT_IB_SLOTS, WEFT_IB_SLOT_BYTES). */
 #define WEFT__DEFAULT_IB_SLOTS 16
 #define WEFT__DEFAULT_IB_SLOT_BYTES (256 * 1024)
+/* Shared memory between ranks of one host (WEFT_SHM, WEFT_SHM_RING_BYTES,
+ * WEFT_SHM_CMA_BYTES): a ring of this many bytes each way per pair, and
+ * frames from this size read by the receiver straight from the sender's
+ * memory (process_vm_readv) instead of copied through the ring. */
+#define WEFT__DEFAULT_SHM_RING_BYTES (256 * 1024)
+#define WEFT__DEFAULT_SHM_CMA_BYTES (64 * 1024)
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
  * measured with bench/thresholds.
@@ -86,6 +92,9 @@ typedef struct weft__config {
     int ib_slots;         /* ibverbs: staging slots per queue pair */
     size_t ib_slot_bytes; /* ibverbs: bytes per slot */
     char ib_device[64];   /* ibverbs: WEFT_IB_DEVICE, "" if unset */
+    int shm;              /* tcp: ranks of one host use shared memory */
+    size_t shm_ring_bytes; /* shm: bytes of each direction's ring */
+    size_t shm_cma_bytes;  /* shm: frames this big go by one copy (0: never) */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];

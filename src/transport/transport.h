@@ -72,6 +72,9 @@ typedef struct weft__tp_params {
      * listener), or -1: bind the port. The transport listens on a copy
      * (dup) and leaves this one to the caller. */
     int listen_fd;
+    /* Connections per peer of this rank's host (loopback), or 0: wires.
+     * The shared-memory transport keeps one, for set-up and liveness. */
+    int local_wires;
 } weft__tp_params;
 
 typedef struct weft__tp_ops {
@@ -131,6 +134,21 @@ int weft__tcp_poll(weft__tp *tp);
 int weft__tcp_lost_peer(weft__tp *tp);
 int weft__tcp_fd(weft__tp *tp);
 int weft__tcp_timeout(weft__tp *tp);
+/* A peer's leaving, noticed without failing anything: the count of
+ * connections whose stream ended (the peer closed or reset it), which
+ * changes when one more ends, and whether one of peer's has. A close only
+ * fails the TCP side once a receive posted on that connection wants more
+ * than arrived, or a send is posted to it. */
+unsigned weft__tcp_ends(weft__tp *tp);
+int weft__tcp_peer_ended(weft__tp *tp, int peer);
+/* Whether peer has closed or reset a connection, asking the kernel now
+ * (one poll() per connection, no completion runs): for a post, which must
+ * not run progress. */
+int weft__tcp_peer_hup(weft__tp *tp, int peer);
+
+/* Shared memory between ranks of one host, with the TCP transport for
+ * everything else (shm/shm.h). */
+extern const weft__tp_ops weft__shm_ops;
 
 #ifdef WEFT_HAVE_IBVERBS
 extern const weft__tp_ops weft__ibverbs_ops;

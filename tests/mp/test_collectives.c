@@ -37,6 +37,10 @@ static int coll_rank(int rank, int nranks, void *arg)
 
 static void run_job(int nranks, int wires, const char *topology)
 {
+    /* Ranks of one host use shared memory, one wire per peer whatever
+     * WEFT_WIRES says; several wires are TCP's (shared memory off). */
+    if (wires > 1)
+        setenv("WEFT_SHM", "0", 1);
     /* Keep an outer setting; otherwise small frames keep the test fast. */
     setenv("WEFT_FRAME_BYTES", "65536", 0);
     /* Low thresholds, so that these modest counts run every path: several
@@ -61,6 +65,32 @@ static void run_job(int nranks, int wires, const char *topology)
     cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires: %s", topology,
               nranks, wires, mp_describe(&res, buf, sizeof buf));
 }
+
+/* Shared memory with a ring so small that records wrap and frames go in
+ * pieces, and with every frame read in one copy from the sender (or, where
+ * the kernel refuses that, through the ring). */
+static void run_shm_job(int nranks, const char *topology, const char *ring,
+                        const char *cma)
+{
+    setenv("WEFT_SHM", "1", 1);
+    setenv("WEFT_SHM_RING_BYTES", ring, 1);
+    setenv("WEFT_SHM_CMA_BYTES", cma, 1);
+    run_job(nranks, 1, topology);
+}
+
+#define SHM_TEST(n, topo)                                                      \
+    Test(collectives, shm_tiny_ring_##topo##_ranks##n, .timeout = 120)         \
+    {                                                                          \
+        run_shm_job(n, #topo, "4096", "0");                                    \
+    }                                                                          \
+    Test(collectives, shm_one_copy_##topo##_ranks##n, .timeout = 120)          \
+    {                                                                          \
+        run_shm_job(n, #topo, "8192", "1");                                    \
+    }
+
+SHM_TEST(3, ring)
+SHM_TEST(3, mesh)
+SHM_TEST(4, auto)
 
 /* Every case under each topology: on one host every pair of ranks is
  * joined, so "mesh" runs the direct and mesh algorithms, "ring" the ring

@@ -4,11 +4,13 @@
  * progress(), and what transports built on this one call to drive it
  * (weft__tcp_poll and the rest, transport.h).
  */
+#define _GNU_SOURCE /* POLLRDHUP */
 #include "transport/tcp/tcp.h"
 
 #include "transport/common.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -252,6 +254,7 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * are handed over first (rx_drain), and the close counts once a
      * receive wants more or a send is posted to it. */
     k->rx_end = (int)nread;
+    tp->ends++;
     rx_drain(k);
 }
 
@@ -550,6 +553,47 @@ int weft__tcp_lost_peer(weft__tp *t)
 {
     tcp_tp *tp = (tcp_tp *)t;
     return tp->err != 0 ? tp->lost_peer : -1;
+}
+
+unsigned weft__tcp_ends(weft__tp *t)
+{
+    return ((tcp_tp *)t)->ends;
+}
+
+int weft__tcp_peer_ended(weft__tp *t, int p)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+
+    if (p < 0 || p >= tp->nranks)
+        return 0;
+    for (int w = 0; w < tp->peers[p].nslots; w++) {
+        const conn *k = tp->peers[p].s[w].c;
+        if (k != NULL && k->rx_end != 0)
+            return 1;
+    }
+    return 0;
+}
+
+int weft__tcp_peer_hup(weft__tp *t, int p)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+
+    if (weft__tcp_peer_ended(t, p))
+        return 1;
+    for (int w = 0; w < tp->peers[p].nslots; w++) {
+        const conn *k = tp->peers[p].s[w].c;
+        uv_os_fd_t fd;
+        struct pollfd pf;
+
+        if (k == NULL || k->closing ||
+            uv_fileno((const uv_handle_t *)&k->h, &fd) != 0)
+            continue;
+        pf = (struct pollfd){.fd = fd, .events = POLLRDHUP};
+        if (poll(&pf, 1, 0) == 1 &&
+            (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
+            return 1;
+    }
+    return 0;
 }
 
 int weft__tcp_fd(weft__tp *t)

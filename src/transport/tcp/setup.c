@@ -61,7 +61,7 @@ static int job_relays(const weft__config *cfg)
     return 0;
 }
 
-static int plan_slots(tcp_tp *tp, int W)
+static int plan_slots(tcp_tp *tp, int W, int W_local)
 {
     const weft__config *cfg = tp->cfg;
     int relays = job_relays(cfg);
@@ -78,7 +78,7 @@ static int plan_slots(tcp_tp *tp, int W)
         if (p == tp->rank)
             continue;
         if (hp == hm)
-            n = W;
+            n = W_local;
         else
             for (int l = 0; l < cfg->nlinks; l++) {
                 const weft__link *lk = &cfg->links[l];
@@ -98,7 +98,7 @@ static int plan_slots(tcp_tp *tp, int W)
         tp->peers[p].nslots = n;
         n = 0;
         if (hp == hm) {
-            for (int w = 0; w < W; w++, n++) {
+            for (int w = 0; w < W_local; w++, n++) {
                 slot *s = &tp->peers[p].s[n];
                 s->link = WEFT__LINK_LOOPBACK;
                 s->lwire = (uint32_t)w;
@@ -270,7 +270,9 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     tp->lost_peer = -1;
     tp->rank = par->rank;
     tp->nranks = par->nranks;
-    if ((rc = plan_slots(tp, par->wires)) != 0)
+    if ((rc = plan_slots(tp, par->wires,
+                         par->local_wires > 0 ? par->local_wires
+                                              : par->wires)) != 0)
         goto fail;
     if (uv_loop_init(&tp->loop) != 0) {
         rc = weft__fail(sink, WEFT_ETRANSPORT, "cannot create a libuv loop");

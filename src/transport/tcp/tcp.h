@@ -196,6 +196,7 @@ struct tcp_tp {
     weft__xfer *rrecv;
     int relay_ready;  /* posted receives may match pending chunks */
     unsigned events;  /* completions and wake-ups, for spinning */
+    unsigned ends;    /* streams that ended (a peer closed or reset) */
     int uv_writes;    /* libuv write requests whose callback has not run */
     uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };

@@ -1,0 +1,198 @@
+/*
+ * Shared-memory transport: ranks of one host exchange frames through
+ * shared rings, everything else goes over the TCP transport. What the
+ * files of src/transport/shm/ share; only they include this header (the
+ * engine sees the transport through weft__shm_ops).
+ *
+ * The files: setup.c (the TCP side, the segments and how they are shared,
+ * create, shutdown, destroy, the ops table), data.c (the rings, posting,
+ * one-copy reads, deaths, progress and sleeping).
+ *
+ * The TCP side: create() opens the TCP transport for the whole job (with
+ * one loopback connection per peer of this host instead of `wires`). Peers
+ * on other hosts use it for everything, as plain TCP would. To a peer of
+ * this host the connection carries only the set-up messages; after that it
+ * stays open, so that the peer's death (or its finalize) closes it, which
+ * this rank sees at once even while it only waits. Its leaving is noted,
+ * not a failure: what it wrote into the ring before it left is still
+ * handed to the receives that want it, and the leaving counts (WEFT_EPEER)
+ * once a receive wants more than the ring holds, or a send is posted to it.
+ *
+ * Segments: one per pair of ranks of a host, an anonymous memfd (nothing
+ * in /dev/shm, so nothing is left behind after any exit, a crash
+ * included), created by the lower rank and handed to the higher one over a
+ * Unix datagram socket in the abstract namespace (SCM_RIGHTS). Each rank
+ * has one such socket (its name chosen by the kernel, so also nothing in
+ * the file system); the datagram carries a nonce that the receiver sent to
+ * that peer over its TCP connection, whose handshake proved the job token,
+ * so no other process of the host can slip in a segment. The same socket
+ * is the rank's doorbell (below).
+ *
+ * Rings: the segment holds a header and two rings of ring_bytes, one per
+ * direction, each a single-producer single-consumer byte ring with head
+ * (bytes written) and tail (bytes consumed) counters on their own cache
+ * lines. The producer writes records: a 16-byte header (kind, length,
+ * address), then for an inline record its bytes (padded to 16). A frame
+ * is written as one or more inline records, as the ring has room, and
+ * completes once all of its bytes are in the ring: they stay readable by
+ * the consumer whatever the producer does next, a crash included. A frame
+ * of at least cma_bytes, to a peer that proved it can read this process's
+ * memory (process_vm_readv, tried on a probe word at set-up), is one
+ * record that names its address instead: the consumer copies it straight
+ * from this process into its receive buffers (one copy instead of two),
+ * counts it in the ring's cma_done, and only then does the frame complete
+ * here, since its buffer is read until that moment. Where the kernel
+ * refuses cross-memory reads (ptrace restrictions, another user), frames
+ * go through the ring.
+ *
+ * The consumer hands records to its posted receives in order, so a
+ * receive of len bytes completes once exactly len bytes of the stream
+ * have landed, as with TCP.
+ *
+ * Completions run only inside progress(): a post copies what it can at
+ * once and queues the frame's completion if it finished.
+ *
+ * Sleeping: progress() polls the rings, then spins up to WEFT_SPIN_US,
+ * then sleeps in poll() on its doorbell socket and the TCP side's fd. Before
+ * it sleeps it raises its flag in every segment it shares and looks at the
+ * rings once more; a peer that moves a ring (a producer that writes, a
+ * consumer that frees room or finishes a one-copy read) looks at the flag
+ * after a full fence and, if it was raised, lowers it and sends one
+ * datagram to the sleeper's socket. Lost wake-ups are impossible in that
+ * order (each side writes, fences, then reads the other's word).
+ */
+
+#ifndef WEFT_TRANSPORT_SHM_H
+#define WEFT_TRANSPORT_SHM_H
+
+#include "transport/transport.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+#define SHM_MAGIC 0x4d534657u /* "WFSM" */
+#define SHM_VERSION 1u
+#define SHM_HELLO_BYTES 128
+#define SHM_DONE_BYTES 16
+#define SHM_FD_MSG_BYTES 24
+#define SHM_REC_HDR 16
+#define SHM_SEG_HDR 4096 /* the segment's header page; the rings follow */
+#define SHM_MAX_IOV 16
+#define SHM_CMA_MAX_RECORD (1u << 30) /* bytes one one-copy record names */
+/* While spinning, the TCP side (other hosts' wires, a peer's close) is
+ * looked at this often. */
+#define SHM_TCP_EVERY_NS 20000
+#define SHM_CACHE_LINE 64
+
+enum { REC_INLINE = 1, REC_CMA = 2 };
+
+/* One direction's ring counters, each on its own cache line. */
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t head; /* bytes written */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t tail; /* bytes consumed */
+    /* One-copy records the consumer has read (the producer's frames that
+     * they name complete then). */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t cma_done;
+} shm_ring;
+
+/* The segment's header: side 0 is the lower rank of the pair. */
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t ring_bytes;
+    /* Side s sleeps and wants a datagram when the other side moves a
+     * ring. */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t sleeping0;
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t sleeping1;
+    /* Side s failed or finalized: the buffers its one-copy records name
+     * may have been handed back to its caller. */
+    _Atomic uint32_t aborted0;
+    _Atomic uint32_t aborted1;
+    shm_ring ring[2]; /* ring[s] carries side s's bytes to the other */
+} shm_seg;
+_Static_assert(sizeof(shm_seg) <= SHM_SEG_HDR, "segment header fits a page");
+
+typedef struct shm_tp shm_tp;
+
+/* A peer of this host, reached through one segment. */
+typedef struct shm_wire {
+    shm_tp *tp;
+    int peer;
+    int side; /* 0: this rank is the lower of the pair */
+    pid_t pid;
+    struct sockaddr_un doorbell; /* the peer's socket */
+    socklen_t doorbell_len;
+    uint64_t nonce_out; /* sent to the peer; its datagram must carry it */
+    uint64_t nonce_in;  /* the peer's, carried back in this rank's datagram */
+    uint64_t probe_addr, probe_value; /* the peer's probe word */
+    int can_read_peer;                /* process_vm_readv of the peer works */
+    int peer_reads_me; /* the peer said it can read this process */
+    int seg_fd;        /* memfd until handed over and mapped, else -1 */
+    shm_seg *seg;      /* mapped segment, or NULL */
+    size_t seg_bytes;
+    shm_ring *tx, *rx;
+    char *tx_data, *rx_data;
+    _Atomic uint32_t *my_sleep, *peer_sleep;
+    _Atomic uint32_t *my_aborted, *peer_aborted;
+    /* Sends: frames not yet written entirely, oldest first (sq_off bytes
+     * of the head written), then one-copy frames waiting for the peer's
+     * read, each marked (in its got field) with the count of one-copy
+     * records that completes it. */
+    weft__xfer *sq_head, *sq_tail;
+    size_t sq_off;
+    weft__xfer *wq_head, *wq_tail;
+    uint64_t cma_posted;
+    /* Receives: posted frames, oldest first; r_off bytes of the record at
+     * the ring's tail already handed out. */
+    weft__xfer *rq_head, *rq_tail;
+    uint64_t r_off;
+    int dead; /* the peer left (its TCP connection ended) */
+    /* Set-up messages on the TCP connection. */
+    weft__xfer sx, rx_x;
+    uint8_t out[SHM_HELLO_BYTES], in[SHM_HELLO_BYTES];
+} shm_wire;
+
+struct shm_tp {
+    const weft__tp_params *p;
+    weft__tp_params tcp_p; /* the same, with one loopback wire per peer */
+    weft__tp *tcp;
+    int rank;
+    int nranks;
+    size_t ring_bytes;
+    size_t cma_bytes;
+    shm_wire **local; /* per rank: its wire, or NULL (other host, self) */
+    shm_wire *wires;  /* the peers of this host */
+    int nlocal;
+    int sock;       /* the doorbell socket */
+    uint64_t probe; /* read by peers to see whether one-copy reads work */
+    int err;
+    int shut;
+    unsigned events;
+    unsigned tcp_ends; /* weft__tcp_ends when last looked at */
+    uint64_t spin_ns;
+    uint64_t tcp_ns;    /* when the TCP side was last polled */
+    int oversubscribed; /* more ranks on this host than cores */
+    int setup_pending;
+    /* Frames that completed, their callbacks not yet run (they run only
+     * inside progress()), oldest first. */
+    weft__xfer *done_head, *done_tail;
+};
+
+/* ---- what one file calls in another ---- */
+
+/* data.c: posting, the rings' work, failures, progress; the ops table's
+ * entries. */
+void weft__shm_fail(shm_tp *tp, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int weft__shm_post_send(weft__tp *t, int p, int w, weft__xfer *x);
+int weft__shm_post_recv(weft__tp *t, int p, int w, weft__xfer *x);
+int weft__shm_progress(weft__tp *t, uint64_t deadline_ms);
+void weft__shm_wake(weft__tp *t);
+int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x);
+int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x);
+
+#endif
