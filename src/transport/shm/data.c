@@ -402,10 +402,19 @@ static int shm_pass(shm_tp *tp, int with_tcp)
     return tp->err;
 }
 
+/* Whether a pass should look at the TCP side: always where it carries
+ * other hosts' data, else (a peer's close, a wake()) every
+ * SHM_TCP_EVERY_NS, since a look costs system calls and a small operation
+ * among ranks of one host takes about as long as one. */
+static int tcp_due(const shm_tp *tp)
+{
+    return tp->tcp_data || weft__now_ns() - tp->tcp_ns >= SHM_TCP_EVERY_NS;
+}
+
 static int spin_pass(void *arg)
 {
     shm_tp *tp = arg;
-    return shm_pass(tp, weft__now_ns() - tp->tcp_ns >= SHM_TCP_EVERY_NS);
+    return shm_pass(tp, tcp_due(tp));
 }
 
 static void set_sleeping(shm_tp *tp, uint32_t v)
@@ -470,7 +479,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
         return tp->err;
     if (tp->shut)
         return WEFT_EABORTED;
-    if ((rc = shm_pass(tp, 1)) != 0)
+    if ((rc = shm_pass(tp, tcp_due(tp))) != 0)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;

@@ -525,6 +525,8 @@ static int plan(shm_tp *tp)
         tp->local[p] = w;
     }
     tp->nlocal = n;
+    /* Relays run on the TCP side while this rank is inside progress(). */
+    tp->tcp_data = n + 1 < tp->nranks;
     tp->oversubscribed = ncpu > 0 && n + 1 > ncpu;
     return WEFT_OK;
 }

@@ -176,6 +176,7 @@ struct shm_tp {
     uint64_t spin_ns;
     uint64_t tcp_ns;    /* when the TCP side was last polled */
     int oversubscribed; /* more ranks on this host than cores */
+    int tcp_data;       /* the TCP side carries data (other hosts, relays) */
     int setup_pending;
     /* Frames that completed, their callbacks not yet run (they run only
      * inside progress()), oldest first. */
