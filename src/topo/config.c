@@ -287,6 +287,14 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->bidir_min_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, WEFT__REDUCE_THREAD, &v,
+                      errmsg, errlen)) != 0)
+        return rc;
+    cfg->reduce_thread = (int)v;
+    if ((rc = env_int("WEFT_REDUCE_THREAD_MIN_BYTES", 1, 1L << 30,
+                      WEFT__REDUCE_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->reduce_thread_min_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)

@@ -89,3 +89,31 @@ COLL_TEST(3, 3)
 COLL_TEST(4, 1)
 COLL_TEST(4, 2)
 COLL_TEST(4, 3)
+
+/* Received frames reduced both ways: inline (WEFT_REDUCE_THREAD=0), and
+ * every reduced frame, down to the short last frame of a region, on the
+ * reducer thread (WEFT_REDUCE_THREAD_MIN_BYTES=1). The jobs above run the
+ * default, which hands whole frames over and reduces short ones inline
+ * unless an earlier frame of their wire is still with the thread. */
+static void run_reducer_job(int nranks, int wires, const char *thread,
+                            const char *min_bytes)
+{
+    setenv("WEFT_REDUCE_THREAD", thread, 1);
+    setenv("WEFT_REDUCE_THREAD_MIN_BYTES", min_bytes, 1);
+    run_job(nranks, wires, "ring");
+}
+
+Test(collectives, ring_reduce_inline_ranks3_wires2, .timeout = 120)
+{
+    run_reducer_job(3, 2, "0", "65536");
+}
+
+Test(collectives, ring_reducer_every_frame_ranks2_wires1, .timeout = 120)
+{
+    run_reducer_job(2, 1, "1", "1");
+}
+
+Test(collectives, ring_reducer_every_frame_ranks4_wires3, .timeout = 120)
+{
+    run_reducer_job(4, 3, "1", "1");
+}
