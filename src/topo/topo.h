@@ -50,9 +50,11 @@
 /* Received frames of at least this many bytes that are reduced on arrival
  * go to the engine's reducer thread, so that the thread driving the
  * transport goes back to the sockets at once (WEFT_REDUCE_THREAD=0 keeps
- * every reduction inline; WEFT_REDUCE_THREAD_MIN_BYTES sets the size).
- * Below it, handing a frame over costs more than its reduction. */
-#define WEFT__REDUCE_THREAD 1
+ * every reduction inline, =1 uses the thread whatever the cores;
+ * WEFT_REDUCE_THREAD_MIN_BYTES sets the size). Below it, handing a frame
+ * over costs more than its reduction. Unset, the thread is used where the
+ * host has at least REDUCE_THREAD_CORES cores per rank on it. */
+#define WEFT__REDUCE_THREAD_CORES 2
 #define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */

@@ -90,11 +90,12 @@ COLL_TEST(4, 1)
 COLL_TEST(4, 2)
 COLL_TEST(4, 3)
 
-/* Received frames reduced both ways: inline (WEFT_REDUCE_THREAD=0), and
+/* Received frames reduced each way: inline (WEFT_REDUCE_THREAD=0), and
  * every reduced frame, down to the short last frame of a region, on the
- * reducer thread (WEFT_REDUCE_THREAD_MIN_BYTES=1). The jobs above run the
- * default, which hands whole frames over and reduces short ones inline
- * unless an earlier frame of their wire is still with the thread. */
+ * reducer thread (WEFT_REDUCE_THREAD_MIN_BYTES=1), whatever the host's
+ * cores. The jobs above run the default: inline where the host has fewer
+ * than two cores per rank, else whole frames on the thread and short ones
+ * inline unless an earlier frame of their wire is still with it. */
 static void run_reducer_job(int nranks, int wires, const char *thread,
                             const char *min_bytes)
 {
@@ -106,6 +107,11 @@ static void run_reducer_job(int nranks, int wires, const char *thread,
 Test(collectives, ring_reduce_inline_ranks3_wires2, .timeout = 120)
 {
     run_reducer_job(3, 2, "0", "65536");
+}
+
+Test(collectives, ring_reducer_whole_frames_ranks3_wires1, .timeout = 120)
+{
+    run_reducer_job(3, 1, "1", "65536");
 }
 
 Test(collectives, ring_reducer_every_frame_ranks2_wires1, .timeout = 120)

@@ -375,6 +375,7 @@ Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
     static const struct mp_action kill2 = {
         .rank = 2, .point = 1, .kind = MP_ACT_SIGKILL};
     struct mp_opts o = fail_opts(3);
+    setenv("WEFT_REDUCE_THREAD", "1", 1); /* whatever the host's cores */
     o.wires = 2;
     o.actions = &kill2;
     o.nactions = 1;
@@ -933,6 +934,16 @@ Test(env, wires_not_a_number, .timeout = 30)
     env_valid(&d);
     setenv("WEFT_WIRES", "abc", 1);
     expect_econfig((const char *const[]){"WEFT_WIRES", NULL}, NULL);
+    env_dir_remove(&d);
+}
+
+Test(env, reduce_thread_not_0_or_1, .timeout = 30)
+{
+    struct env_dir d;
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_REDUCE_THREAD", "2", 1);
+    expect_econfig((const char *const[]){"WEFT_REDUCE_THREAD", NULL}, NULL);
     env_dir_remove(&d);
 }
 

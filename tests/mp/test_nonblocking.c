@@ -202,11 +202,12 @@ static int large(weft_comm *c, void *arg)
     return nb_large(c);
 }
 
-/* 64 KiB frames here (run_case): the reducer thread takes whole frames
- * of every lane and wire, the short last ones stay inline unless they
- * follow one that went. */
+/* 64 KiB frames here (run_case): the reducer thread, on whatever the
+ * host's cores, takes whole frames of every lane and wire, the short last
+ * ones stay inline unless they follow one that went. */
 Test(nonblocking, large_ring_3ranks_2wires, .timeout = 120)
 {
+    setenv("WEFT_REDUCE_THREAD", "1", 1);
     run_case(large, 3, 2, MP_LAYOUT_ONE_HOST, "ring", "large");
 }
 
