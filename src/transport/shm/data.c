@@ -399,6 +399,9 @@ static int shm_pass(shm_tp *tp, int with_tcp)
             return rc;
     }
     run_done(tp);
+    if (atomic_load_explicit(&tp->woken, memory_order_relaxed) != 0 &&
+        atomic_exchange(&tp->woken, 0) != 0)
+        tp->events++;
     return tp->err;
 }
 
@@ -441,6 +444,7 @@ static int shm_block(shm_tp *tp, uint64_t deadline_ms)
     int tmo, tt, rc;
 
     set_sleeping(tp, 1);
+    atomic_store(&tp->asleep, 1);
     /* A peer that moved a ring before it could see the flag: look once
      * more (the flag's store and this look are ordered by the fence in
      * atomic_store). */
@@ -465,6 +469,7 @@ static int shm_block(shm_tp *tp, uint64_t deadline_ms)
     if (pfd[0].revents != 0)
         drain_doorbell(tp);
 out:
+    atomic_store(&tp->asleep, 0);
     set_sleeping(tp, 0);
     return rc;
 }
@@ -512,8 +517,14 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
 
 void weft__shm_wake(weft__tp *t)
 {
-    /* Makes weft__tcp_fd() readable, which shm_block sleeps on. */
-    weft__tcp_ops.wake(((shm_tp *)t)->tcp);
+    shm_tp *tp = (shm_tp *)t;
+
+    /* A spinning progress() sees the flag; a sleeping one (it raises
+     * asleep, then looks at woken once more, as poke() and the rings do)
+     * needs weft__tcp_fd() made readable. */
+    atomic_store(&tp->woken, 1);
+    if (atomic_load(&tp->asleep) != 0)
+        weft__tcp_ops.wake(tp->tcp);
 }
 
 /* ---- posting ---- */

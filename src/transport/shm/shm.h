@@ -177,6 +177,10 @@ struct shm_tp {
     uint64_t tcp_ns;    /* when the TCP side was last polled */
     int oversubscribed; /* more ranks on this host than cores */
     int tcp_data;       /* the TCP side carries data (other hosts, relays) */
+    /* wake(): woken is raised for a spinning progress(), and the TCP
+     * side's wake-up (a system call) sent only while one sleeps. */
+    _Atomic int woken;
+    _Atomic int asleep;
     int setup_pending;
     /* Frames that completed, their callbacks not yet run (they run only
      * inside progress()), oldest first. */
