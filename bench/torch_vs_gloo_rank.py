@@ -1,6 +1,12 @@
 """One rank of bench/torch-vs-gloo: dist.all_reduce busbw over sizes, and
 the DDP step time of a ~10M-parameter MLP, on the backend named by argv[1]
-("weft" or "gloo"). Rank 0 prints one JSON object per measurement."""
+("weft" or "gloo"). Rank 0 prints one JSON object per measurement.
+
+  torch_vs_gloo_rank.py BACKEND MINBYTES MAXBYTES STEPS [FACTOR [ITERS]]
+
+STEPS 0 skips the DDP step; FACTOR (default 4) steps the sizes; ITERS > 0
+times every size with that many iterations instead of iters_for's (bench/
+vs-peers uses both, for its all_reduce-only runs)."""
 
 import datetime
 import json
@@ -11,12 +17,12 @@ import torch
 import torch.distributed as dist
 
 
-def sizes(lo, hi):
-    """lo, 4 lo, 16 lo, ... below hi, then hi."""
+def sizes(lo, hi, factor=4):
+    """lo, 4 lo, 16 lo, ... below hi, then hi (factor 4 by default)."""
     s = lo
     while s < hi:
         yield s
-        s *= 4
+        s *= factor
     yield hi
 
 
@@ -25,11 +31,11 @@ def iters_for(nbytes):
     return max(5, min(300, (64 << 20) // max(nbytes, 1) // 8))
 
 
-def bench_allreduce(rank, size, lo, hi, out):
-    for nbytes in sizes(lo, hi):
+def bench_allreduce(rank, size, lo, hi, out, factor=4, iters=0):
+    for nbytes in sizes(lo, hi, factor):
         n = max(1, nbytes // 4)
         t = torch.ones(n, dtype=torch.float32)
-        it = iters_for(nbytes)
+        it = iters if iters > 0 else iters_for(nbytes)
         for _ in range(max(2, it // 10)):
             dist.all_reduce(t)
         dist.barrier()
@@ -82,6 +88,8 @@ def bench_ddp(rank, size, steps, out):
 
 def main():
     backend, lo, hi, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    factor = int(sys.argv[5]) if len(sys.argv) > 5 else 4
+    iters = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     if backend == "weft":
         import weft.torch  # noqa: F401
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
@@ -90,7 +98,7 @@ def main():
     # over the cores (the same for both backends).
     torch.set_num_threads(1)
     out = []
-    bench_allreduce(rank, size, lo, hi, out)
+    bench_allreduce(rank, size, lo, hi, out, factor, iters)
     if steps > 0:
         bench_ddp(rank, size, steps, out)
     dist.destroy_process_group()
