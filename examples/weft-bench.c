@@ -165,6 +165,7 @@ struct bench_opts {
     int warmup_iters;
     int check;
     int in_place;
+    int nonblocking; /* all_reduce through weft_iall_reduce + weft_wait */
     int root;
     int timeout_ms; /* 0: leave the communicator's default */
     weft_dtype dtype;
@@ -190,6 +191,9 @@ static const char usage_text[] =
     "  -r, --redop OP          sum | prod | min | max (default sum)\n"
     "  -R, --root R            root rank of broadcast (default 0)\n"
     "  -I, --inplace 0|1       run the in-place form (default 0)\n"
+    "  -N, --nonblocking 0|1   all_reduce: post weft_iall_reduce and\n"
+    "                          weft_wait for it, as frameworks do (the\n"
+    "                          progress thread runs it; default 0)\n"
     "  -t, --timeout_ms MS     per-operation deadline (weft_set_timeout)\n"
     "  -h, --help              show this text\n"
     "Sizes are rounded down to a multiple of the element size (for all_gather\n"
@@ -296,6 +300,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
         {"redop", required_argument, NULL, 'r'},
         {"root", required_argument, NULL, 'R'},
         {"inplace", required_argument, NULL, 'I'},
+        {"nonblocking", required_argument, NULL, 'N'},
         {"timeout_ms", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -312,6 +317,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
         .warmup_iters = 5,
         .check = 1,
         .in_place = 0,
+        .nonblocking = 0,
         .root = 0,
         .timeout_ms = 0,
         .dtype = WEFT_FLOAT32,
@@ -319,7 +325,7 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
     };
 
     opterr = 0; /* we report bad options ourselves */
-    while ((ch = getopt_long(argc, argv, ":o:b:e:f:i:n:w:c:d:r:R:I:t:h",
+    while ((ch = getopt_long(argc, argv, ":o:b:e:f:i:n:w:c:d:r:R:I:N:t:h",
                              longopts, NULL)) != -1) {
         size_t i;
         switch (ch) {
@@ -376,6 +382,9 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
             break;
         case 'I':
             o->in_place = parse_int(optarg, 0, 1, "-I");
+            break;
+        case 'N':
+            o->nonblocking = parse_int(optarg, 0, 1, "-N");
             break;
         case 't':
             o->timeout_ms = parse_int(optarg, 1, INT_MAX, "-t");
@@ -698,6 +707,16 @@ static void run_op(struct bench *b, size_t count)
 
     switch (b->o.op) {
     case OP_ALL_REDUCE:
+        if (b->o.nonblocking) {
+            weft_request *req = NULL;
+
+            WCHECK(weft_iall_reduce(c, b->call_send, b->call_recv, count, dt,
+                                    b->o.redop, &req),
+                   "weft_iall_reduce");
+            WCHECK(weft_wait(req), "weft_wait");
+            weft_request_free(req);
+            break;
+        }
         WCHECK(weft_all_reduce(c, b->call_send, b->call_recv, count, dt,
                                b->o.redop),
                "weft_all_reduce");
@@ -965,6 +984,9 @@ int main(int argc, char **argv)
             printf("default\n");
         if (ignored_in_place)
             printf("#   -I 1 has no effect on sendrecv\n");
+        if (o->nonblocking)
+            printf("#   non-blocking: weft_iall_reduce + weft_wait%s\n",
+                   o->op == OP_ALL_REDUCE ? "" : " (all_reduce only: ignored)");
         printf("#   time: the slowest rank's average per operation; "
                "GB = 1e9 bytes\n");
         printf("#\n");

@@ -15,6 +15,7 @@
 #include "base/bytes.h"
 #include "base/kernels.h"
 #include "engine/plan.h"
+#include "engine/reducer.h"
 #include "transport/transport.h"
 
 #include <assert.h>
@@ -29,12 +30,28 @@
 /* The tag of a header on a check channel, and of a relayed message's. */
 #define TAG_CHECK 0xffffu
 #define TAG_RELAY 0xfffeu
-#define FIFO_CAP 8 /* > max(SEND_DEPTH, RECV_DEPTH) */
+#define FIFO_CAP 8 /* > max(SEND_DEPTH, RECV_DEPTH, RECV_DEPTH_REDUCER) */
+/* Staging slots per lane and wire, for either receive depth. */
+#define STAGE_SLOTS                                                            \
+    (WEFT__RECV_DEPTH > WEFT__RECV_DEPTH_REDUCER ? WEFT__RECV_DEPTH            \
+                                                 : WEFT__RECV_DEPTH_REDUCER)
+_Static_assert(FIFO_CAP > WEFT__SEND_DEPTH && FIFO_CAP > STAGE_SLOTS,
+               "a wire's FIFOs hold every frame it may have in flight");
 
 #define container_of(ptr, type, member)                                        \
     ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 struct wstate;
+
+/* A received frame handed to the reducer thread (reducer.h): once the
+ * job is back, bytes [a, end) of step `step` count as received on the
+ * wire, as they would have right after an inline reduction. */
+typedef struct rframe {
+    weft__rjob job;
+    struct wstate *ws;
+    int step;
+    size_t end;
+} rframe;
 
 /* An operation header, decoded (see "headers" below). */
 typedef struct ophdr {
@@ -72,12 +89,18 @@ typedef struct wstate {
     int r_hdr;
     int r_head, r_count;
     int r_slot;
+    /* Frames received but not yet done: with the reducer, rj[j_head] and
+     * the r_reducing - 1 after it, in the wire's order. Each holds its
+     * staging slot (if it has one) until it is done. */
+    int r_reducing;
+    int j_head;
     int d_step;   /* last step with a completed frame, -1 if none */
     size_t d_end; /* end offset in that step's buffer of the done frames */
     /* From here on, each is written before it is read (a pass starts by
      * zeroing what is above only). */
     frame s_fr[FIFO_CAP];
     frame r_fr[FIFO_CAP];
+    rframe rj[FIFO_CAP];
     uint8_t s_hdrbuf[HDR_BYTES];
     uint8_t r_hdrbuf[HDR_BYTES];
 } wstate;
@@ -88,6 +111,8 @@ struct weft__engine {
     /* staging: [lane][wire][slot], frame_bytes each, allocated on demand */
     char **stage;
     struct weft__pass *spare; /* the last pass's memory, for the next */
+    weft__reducer *reducer;   /* started with the first frame it reduces */
+    int reducer_failed;       /* it could not start: reduce inline */
 };
 
 /* A check channel: headers only, exchanged on wire 0 with a peer that a
@@ -116,6 +141,7 @@ typedef struct weft__pass {
     weft__ctx *c;
     weft__call *k;
     size_t frame;
+    int rdepth; /* receives in flight per wire, with those being reduced */
     int err;
     int pass; /* this pass's number in the call */
     int nchecks;
@@ -197,7 +223,7 @@ static int fail_into(weft__ctx *c, int *result, int err, const char *fmt, ...)
 static char *stage_slot(run *r, int lane, int w, int slot)
 {
     struct weft__engine *e = r->c->eng;
-    size_t i = ((size_t)lane * (size_t)e->maxw + (size_t)w) * WEFT__RECV_DEPTH +
+    size_t i = ((size_t)lane * (size_t)e->maxw + (size_t)w) * STAGE_SLOTS +
                (size_t)slot;
 
     if (e->stage[i] == NULL)
@@ -403,6 +429,92 @@ static ophdr lane_hdr(const run *r, int lane, int is_send)
                     is_send ? r->stotal[lane] : r->rtotal[lane]);
 }
 
+/* ---- the reducer thread ----
+ *
+ * A reduced frame that arrives is reduced inline by the thread that runs
+ * the transport, unless the configuration hands frames of its size to the
+ * reducer (reducer.h): then the driver goes back to the sockets at once,
+ * and the frame is done (its bytes may leave in a later step, its staging
+ * slot is posted again) only once the reducer has finished it and the
+ * driver has taken it back (reap). A wire's frames are done in its order:
+ * while any of its frames is with the reducer, the frames that arrive
+ * after it on that wire follow it there, the ones with nothing to reduce
+ * as empty jobs. */
+
+static void reducer_wake(void *arg)
+{
+    weft__ctx *c = arg;
+
+    c->tpo->wake(c->tp);
+}
+
+/* Does frame f, just received on ws, go to the reducer? */
+static int reduce_later(run *r, const wstate *ws, const frame *f)
+{
+    struct weft__engine *e = r->c->eng;
+    const weft__config *cfg = r->c->cfg;
+
+    if (ws->r_reducing > 0)
+        return 1;
+    if (f->slot < 0 || !cfg->reduce_thread ||
+        f->len < cfg->reduce_thread_min_bytes || e->reducer_failed)
+        return 0;
+    /* Without the thread the frame is reduced inline, as before: slower,
+     * never wrong, so this is no failure of the call. */
+    if (e->reducer == NULL &&
+        weft__reducer_create(reducer_wake, r->c, &e->reducer) != WEFT_OK)
+        e->reducer_failed = 1;
+    return e->reducer != NULL;
+}
+
+/* Hands frame f of step st, received on ws, to the reducer. */
+static void reduce_post(run *r, wstate *ws, const frame *f,
+                        const weft__step *st)
+{
+    rframe *rf = &ws->rj[(ws->j_head + ws->r_reducing) % FIFO_CAP];
+
+    memset(rf, 0, sizeof *rf);
+    rf->ws = ws;
+    rf->step = f->step;
+    rf->end = f->a + f->len;
+    if (f->slot >= 0) {
+        rf->job.dst = st->recv_dst + f->a;
+        rf->job.a = st->recv_a + f->a;
+        rf->job.b = stage_slot(r, ws->lane, ws->w, f->slot);
+        rf->job.count = f->len / r->op.esize;
+        rf->job.dtype = r->op.dtype;
+        rf->job.op = r->op.redop;
+    }
+    ws->r_reducing++;
+    weft__reducer_post(r->c->eng->reducer, &rf->job);
+}
+
+/* Takes back the frames the reducer has finished: each is done on its
+ * wire, and its lane posts what that allows. Returns 1 if any came. */
+static int reap(run *r)
+{
+    weft__rjob *j = weft__reducer_take(r->c->eng->reducer), *next;
+    char touched[WEFT__MAX_LANES] = {0};
+    int any = j != NULL;
+
+    for (; j != NULL; j = next) {
+        rframe *rf = container_of(j, rframe, job);
+        wstate *ws = rf->ws;
+
+        next = j->next;
+        assert(ws->r_reducing > 0 && &ws->rj[ws->j_head] == rf);
+        ws->j_head = (ws->j_head + 1) % FIFO_CAP;
+        ws->r_reducing--;
+        ws->d_step = rf->step;
+        ws->d_end = rf->end;
+        touched[ws->lane] = 1;
+    }
+    for (int l = 0; any && l < r->op.nlanes && r->err == 0; l++)
+        if (touched[l])
+            pump_lane(r, l);
+    return any;
+}
+
 /* ---- completions ---- */
 
 static void send_done(weft__xfer *x)
@@ -431,6 +543,11 @@ static void recv_done(weft__xfer *x)
         if (hdr_check(r, ws->r_hdrbuf, &want, r->op.lanes[ws->lane].recv_peer,
                       ws->w) != 0)
             return;
+    } else if (reduce_later(r, ws, f)) {
+        reduce_post(r, ws, f, st);
+        /* Its slot stays taken: nothing more can be posted for it yet. */
+        reap(r);
+        return;
     } else {
         if (f->slot >= 0)
             weft__reduce3(st->recv_dst + f->a, st->recv_a + f->a,
@@ -559,7 +676,7 @@ static void pump_recv(run *r, int lane, wstate *ws)
 {
     const weft__lane *ln = &r->op.lanes[lane];
 
-    while (r->err == 0 && ws->r_count < WEFT__RECV_DEPTH &&
+    while (r->err == 0 && ws->r_count + ws->r_reducing < r->rdepth &&
            ws->r_step < ln->nsteps) {
         const weft__step *st = &ln->steps[ws->r_step];
         weft__region reg = step_region(r, st->recv_len, r->rw[lane], ws->w);
@@ -583,7 +700,7 @@ static void pump_recv(run *r, int lane, wstate *ws)
         assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (st->recv_a != NULL) {
             slot = ws->r_slot;
-            ws->r_slot = (ws->r_slot + 1) % WEFT__RECV_DEPTH;
+            ws->r_slot = (ws->r_slot + 1) % r->rdepth;
             buf = stage_slot(r, lane, ws->w, slot);
             if (buf == NULL) {
                 engine_fail(r, WEFT_ENOMEM, "rank %d: no memory for staging",
@@ -620,7 +737,8 @@ static int lane_done(const run *r, int lane)
         const wstate *ws = &r->ws[lane][w];
         if (w < r->sw[lane] && (ws->s_step < ln->nsteps || ws->s_count > 0))
             return 0;
-        if (w < r->rw[lane] && (ws->r_step < ln->nsteps || ws->r_count > 0))
+        if (w < r->rw[lane] &&
+            (ws->r_step < ln->nsteps || ws->r_count > 0 || ws->r_reducing > 0))
             return 0;
     }
     return 1;
@@ -678,7 +796,7 @@ void weft__pass_wait(weft__pass *r)
     char what[160];
     int rc;
 
-    if (r->err != 0)
+    if (r->err != 0 || reap(r))
         return;
     /* The deadline is checked here too, not only by the transport: one
      * whose progress() keeps returning early (events that move nothing
@@ -689,9 +807,10 @@ void weft__pass_wait(weft__pass *r)
                              name);
     else if ((rc = weft__now_ms() >= deadline
                        ? WEFT_ETIMEDOUT
-                       : c->tpo->progress(c->tp, deadline)) == 0)
+                       : c->tpo->progress(c->tp, deadline)) == 0) {
+        reap(r);
         return;
-    else if (r->err != 0)
+    } else if (r->err != 0)
         /* A completion failed the pass meanwhile: the first cause wins. */
         return;
     else if (rc == WEFT_ETIMEDOUT) {
@@ -726,7 +845,7 @@ static int engine_ensure(weft__ctx *c)
         return WEFT_ENOMEM;
     e->frame_bytes = c->cfg->frame_bytes;
     e->maxw = maxw;
-    e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw * WEFT__RECV_DEPTH,
+    e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw * STAGE_SLOTS,
                       sizeof *e->stage);
     if (e->stage == NULL) {
         free(e);
@@ -742,8 +861,9 @@ void weft__engine_free(weft__ctx *c)
 
     if (e == NULL)
         return;
+    weft__reducer_destroy(e->reducer);
     for (size_t i = 0;
-         i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * WEFT__RECV_DEPTH; i++)
+         i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * STAGE_SLOTS; i++)
         free(e->stage[i]);
     free(e->stage);
     pass_destroy(e->spare);
@@ -1056,6 +1176,10 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     op->nlanes = 0; /* the steps are the pass's now */
     op = &r->op;
     r->frame = c->cfg->frame_bytes;
+    /* With the reducer, a frame holds its slot while it waits to be
+     * reduced: more slots keep the sockets read meanwhile. */
+    r->rdepth =
+        c->cfg->reduce_thread ? WEFT__RECV_DEPTH_REDUCER : WEFT__RECV_DEPTH;
     r->pass = k->passes++;
     r->rdst = relay != NULL ? relay->dst : -1;
     r->rsrc = relay != NULL ? relay->src : -1;
@@ -1125,11 +1249,16 @@ void weft__pass_end(weft__pass *r, int rc)
      * flight on any wire (a failed one is shut down below instead). */
     for (int l = 0; rc == 0 && l < r->op.nlanes; l++)
         for (int w = 0; w < lane_wires(r, l); w++)
-            assert(r->ws[l][w].s_count == 0 && r->ws[l][w].r_count == 0);
+            assert(r->ws[l][w].s_count == 0 && r->ws[l][w].r_count == 0 &&
+                   r->ws[l][w].r_reducing == 0);
 #endif
     if (rc != WEFT_OK) {
         if (rc == WEFT__PENDING)
             rc = WEFT_EABORTED;
+        /* The reducer may still be writing the caller's buffer, or about
+         * to: it stops before the call returns. */
+        if (c->eng != NULL)
+            weft__reducer_cancel(c->eng->reducer);
         /* Drop every frame in flight (none may touch the caller's buffers
          * once we return) and fail the communicator. */
         weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, r->k->name,

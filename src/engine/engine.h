@@ -189,8 +189,11 @@ void weft__pass_end(weft__pass *p, int rc);
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);
 
-/* Frames a side keeps in flight per wire. */
+/* Frames a side keeps in flight per wire; a receiving side counts the
+ * frames it waits for and, where the reducer thread is on
+ * (weft__config.reduce_thread), those received but not yet reduced. */
 #define WEFT__SEND_DEPTH 4
 #define WEFT__RECV_DEPTH 2
+#define WEFT__RECV_DEPTH_REDUCER 4
 
 #endif

@@ -4,14 +4,19 @@
  * Every failure says what is wrong and what to set, since the person reading
  * it is usually starting a job by hand.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
+#endif
 #include "base/parse.h"
 #include "topo/hostfile.h"
 #include "topo/topo.h"
 
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CFG_ERR(...) (snprintf(errmsg, errlen, __VA_ARGS__), WEFT_ECONFIG)
 
@@ -21,6 +26,21 @@
  * 24 KiB up); 128 KiB leaves the receive window, about half the buffer the
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
+
+/* The reducer thread (WEFT_REDUCE_THREAD unset) where this host has
+ * WEFT__REDUCE_THREAD_CORES cores per rank it runs, counting the cores
+ * this process may run on: the thread only helps where it has a core of
+ * its own, and costs a little (a hand-off per frame) where it has not. */
+static int reduce_thread_default(const weft__config *cfg)
+{
+    int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        ncpu = CPU_COUNT(&set);
+    return ncpu >= (long)WEFT__REDUCE_THREAD_CORES * (local > 0 ? local : 1);
+}
 
 static int env_int(const char *name, long lo, long hi, long dflt, long *out,
                    char *errmsg, size_t errlen)
@@ -287,6 +307,10 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->bidir_min_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_REDUCE_THREAD_MIN_BYTES", 1, 1L << 30,
+                      WEFT__REDUCE_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->reduce_thread_min_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)
@@ -298,6 +322,9 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
 
     if ((rc = load_hostfile(cfg, uc, errmsg, errlen)) != 0)
         return rc;
+    if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->reduce_thread = v >= 0 ? (int)v : reduce_thread_default(cfg);
 
     /* A wait polls (yielding the core between polls) this long before it
      * sleeps: measured faster for small operations both with a core per

@@ -53,6 +53,15 @@
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
  * and bench/thresholds measures it. */
 #define WEFT__MIN_WIRE_BYTES (256 * 1024)
+/* Received frames of at least this many bytes that are reduced on arrival
+ * go to the engine's reducer thread, so that the thread driving the
+ * transport goes back to the sockets at once (WEFT_REDUCE_THREAD=0 keeps
+ * every reduction inline, =1 uses the thread whatever the cores;
+ * WEFT_REDUCE_THREAD_MIN_BYTES sets the size). Below it, handing a frame
+ * over costs more than its reduction. Unset, the thread is used where the
+ * host has at least REDUCE_THREAD_CORES cores per rank on it. */
+#define WEFT__REDUCE_THREAD_CORES 2
+#define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {
@@ -88,6 +97,8 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t mesh_small_all_reduce_bytes;
     size_t bidir_min_bytes;
+    int reduce_thread; /* 1: large reduced frames go to the reducer thread */
+    size_t reduce_thread_min_bytes; /* ... from this many bytes on */
     char transport[16]; /* "tcp" or "ibverbs" */
     int ib_slots;         /* ibverbs: staging slots per queue pair */
     size_t ib_slot_bytes; /* ibverbs: bytes per slot */

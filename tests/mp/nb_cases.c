@@ -300,6 +300,65 @@ int nb_sequence(weft_comm *c, uint64_t seed, int reduces)
     return fail;
 }
 
+/* ---- large operations pending together ---- */
+
+int nb_large(weft_comm *c)
+{
+    /* Whole frames (handed to the reducer thread by default) and short
+     * last ones, at counts that split unevenly over ranks, lanes and
+     * wires. */
+    static const size_t counts[] = {(1u << 19) + 3, 3u * (1u << 16) + 7};
+    const int me = weft_rank(c), n = weft_size(c);
+    int fail = 0;
+
+    for (size_t ci = 0; ci < NELEMS(counts) && !fail; ci++) {
+        const size_t count = counts[ci], outn = count * (size_t)n;
+        const size_t pool = outn + 2 * count;
+        float *pb = mp_alloc(pool * sizeof(float));
+        float *pn = mp_alloc(pool * sizeof(float));
+        weft_request *reqs[4] = {0};
+        char what[96];
+        int rc = WEFT_OK;
+
+        fill_f32(pb, pool, 0x1a7e ^ (uint64_t)me ^ count);
+        memcpy(pn, pb, pool * sizeof(float));
+        /* Run blocking on pb, then posted all at once on pn: an
+         * all_reduce out of place, one in place on its output (it reads
+         * what the first writes), a reduce_scatter of the whole input,
+         * and an all_reduce in place on the input the reduce_scatter
+         * reads. */
+        for (int pass = 0; pass < 2 && rc == WEFT_OK; pass++) {
+            float *p = pass == 0 ? pb : pn;
+            float *in = p, *o1 = p + outn, *o3 = p + outn + count;
+            weft_request **r = pass == 0 ? NULL : reqs;
+
+            rc = run_op(c, OP_AR, in, o1, count, r ? &r[0] : NULL);
+            if (rc == WEFT_OK)
+                rc = run_op(c, OP_AR, o1, o1, count, r ? &r[1] : NULL);
+            if (rc == WEFT_OK)
+                rc = run_op(c, OP_RS, in, o3, count, r ? &r[2] : NULL);
+            if (rc == WEFT_OK)
+                rc = run_op(c, OP_AR, in, in, count, r ? &r[3] : NULL);
+        }
+        if (rc == WEFT_OK)
+            rc = weft_wait_all(reqs, 4);
+        snprintf(what, sizeof what, "large operations (count %zu)", count);
+        if (rc != WEFT_OK)
+            fail = fail_rc(c, what, rc);
+        else if (memcmp(pb, pn, pool * sizeof(float)) != 0) {
+            size_t i = mp_first_diff(pb, pn, pool, sizeof(float));
+            mp_log("%s: element %zu is %g posted, %g blocking", what, i,
+                   (double)pn[i], (double)pb[i]);
+            fail = 1;
+        }
+        for (int i = 0; i < 4; i++)
+            weft_request_free(reqs[i]);
+        free(pb);
+        free(pn);
+    }
+    return fail;
+}
+
 /* ---- a pipeline ---- */
 
 #define MB 16

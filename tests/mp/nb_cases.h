@@ -24,6 +24,12 @@ int nb_every_op(weft_comm *c);
  * them). */
 int nb_sequence(weft_comm *c, uint64_t seed, int reduces);
 
+/* Large all_reduces and a reduce_scatter (whole frames, handed to the
+ * reducer thread by default, and short last ones) posted together, each
+ * reading or writing what an earlier one writes or reads, against the
+ * same operations run blocking, bit for bit. */
+int nb_large(weft_comm *c);
+
 /* A pipeline: rank r receives micro-batches from r-1, computes, sends to
  * r+1, with the next receive posted while it computes; the last rank
  * checks what arrives. */

@@ -2,7 +2,7 @@
  * The non-blocking test cases (nb_cases.h) as a plain weft program, for
  * ranks started by weftrun (CI runs it under ThreadSanitizer, which
  * Criterion cannot run under). `nbprog MODE`, MODE one of every,
- * sequence, pipeline, threads, all. Exits 0 when every case passed on
+ * sequence, large, pipeline, threads, all. Exits 0 when every case passed on
  * this rank.
  */
 #define _GNU_SOURCE
@@ -29,6 +29,8 @@ int main(int argc, char **argv)
     for (uint64_t seed = 1;
          !fail && (all || strcmp(mode, "sequence") == 0) && seed <= 6; seed++)
         fail = nb_sequence(c, seed, (int)(seed % 2));
+    if (!fail && (all || strcmp(mode, "large") == 0))
+        fail = nb_large(c);
     if (!fail && (all || strcmp(mode, "pipeline") == 0))
         fail = nb_pipeline(c);
     if (!fail && (all || strcmp(mode, "threads") == 0))

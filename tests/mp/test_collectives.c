@@ -119,3 +119,37 @@ COLL_TEST(3, 3)
 COLL_TEST(4, 1)
 COLL_TEST(4, 2)
 COLL_TEST(4, 3)
+
+/* Received frames reduced each way: inline (WEFT_REDUCE_THREAD=0), and
+ * every reduced frame, down to the short last frame of a region, on the
+ * reducer thread (WEFT_REDUCE_THREAD_MIN_BYTES=1), whatever the host's
+ * cores. The jobs above run the default: inline where the host has fewer
+ * than two cores per rank, else whole frames on the thread and short ones
+ * inline unless an earlier frame of their wire is still with it. */
+static void run_reducer_job(int nranks, int wires, const char *thread,
+                            const char *min_bytes)
+{
+    setenv("WEFT_REDUCE_THREAD", thread, 1);
+    setenv("WEFT_REDUCE_THREAD_MIN_BYTES", min_bytes, 1);
+    run_job(nranks, wires, "ring");
+}
+
+Test(collectives, ring_reduce_inline_ranks3_wires2, .timeout = 120)
+{
+    run_reducer_job(3, 2, "0", "65536");
+}
+
+Test(collectives, ring_reducer_whole_frames_ranks3_wires1, .timeout = 120)
+{
+    run_reducer_job(3, 1, "1", "65536");
+}
+
+Test(collectives, ring_reducer_every_frame_ranks2_wires1, .timeout = 120)
+{
+    run_reducer_job(2, 1, "1", "1");
+}
+
+Test(collectives, ring_reducer_every_frame_ranks4_wires3, .timeout = 120)
+{
+    run_reducer_job(4, 3, "1", "1");
+}

@@ -316,6 +316,77 @@ Test(failures, mesh_peer_killed, .timeout = 120)
     run_peer_killed(mesh_fail_opts(3), "mesh, rank 2 SIGKILLed");
 }
 
+/* A peer killed while large all_reduces run: frames in flight on every
+ * wire, received frames with the reducer thread. Rank 2 posts them
+ * non-blocking and is killed meanwhile; the survivors' all_reduces (up to
+ * LARGE_OPS, in case rank 2 died only after the first) must end with
+ * WEFT_EPEER or WEFT_ETIMEDOUT, within the deadline, with nothing written
+ * after they returned (the buffer is freed at once, under the
+ * sanitizers). */
+#define LARGE_COUNT ((size_t)4 << 20) /* int32: 16 MiB */
+#define LARGE_OPS 3
+
+static int peer_killed_mid_rank(int rank, int nranks, void *arg)
+{
+    (void)arg;
+    weft_comm *c;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if (checked_all_reduce(c, rank, nranks, 0, LARGE_COUNT + 3)) {
+        weft_finalize(c);
+        return 1;
+    }
+    int32_t *buf = mp_alloc(LARGE_COUNT * 4);
+    for (size_t i = 0; i < LARGE_COUNT; i++)
+        buf[i] = rank;
+    if (rank == nranks - 1) {
+        weft_request *req[LARGE_OPS];
+        for (int i = 0; i < LARGE_OPS; i++)
+            if (weft_iall_reduce(c, buf, buf, LARGE_COUNT, WEFT_INT32, WEFT_SUM,
+                                 &req[i]) != WEFT_OK)
+                return 1;
+        mp_point(1); /* the parent SIGKILLs this rank here */
+        mp_log("still alive after the parent's SIGKILL");
+        return 1;
+    }
+    int rc = WEFT_OK, fail = 0;
+    double dt = 0;
+    for (int i = 0; i < LARGE_OPS && rc == WEFT_OK; i++) {
+        double t0 = mp_now_ms();
+        rc = weft_all_reduce(c, buf, buf, LARGE_COUNT, WEFT_INT32, WEFT_SUM);
+        dt = mp_now_ms() - t0;
+    }
+    free(buf);
+    mp_log("large all_reduce with a peer killed: %s after %.0f ms",
+           weft_err_name(rc), dt);
+    if (rc != WEFT_EPEER && rc != WEFT_ETIMEDOUT) {
+        mp_log("expected WEFT_EPEER or WEFT_ETIMEDOUT");
+        fail = 1;
+    } else if (dt > 2.0 * TIMEOUT_MS) {
+        mp_log("the failure took %.0f ms (deadline %d ms)", dt, TIMEOUT_MS);
+        fail = 1;
+    }
+    fail |= expect_aborted_now(c, rank, nranks);
+    return finalize_promptly(c, "after a peer killed mid-operation") || fail;
+}
+
+Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
+{
+    static const struct mp_action kill2 = {
+        .rank = 2, .point = 1, .kind = MP_ACT_SIGKILL};
+    struct mp_opts o = fail_opts(3);
+    setenv("WEFT_REDUCE_THREAD", "1", 1); /* whatever the host's cores */
+    o.wires = 2;
+    o.actions = &kill2;
+    o.nactions = 1;
+    struct mp_result res;
+    cr_assert_eq(mp_run(&o, peer_killed_mid_rank, NULL, &res), 0);
+    cr_assert(res.rank[2].by_action && res.rank[2].signaled,
+              "rank 2 was not killed at its point (last point %d)",
+              res.rank[2].last_point);
+    assert_job_passed(&res, "rank 2 SIGKILLed during large all_reduces");
+}
+
 /* ---- (b) a stopped peer, then a fresh 2-rank communicator ---- */
 
 static int stopped_peer_rank(int rank, int nranks, void *arg)
@@ -863,6 +934,16 @@ Test(env, wires_not_a_number, .timeout = 30)
     env_valid(&d);
     setenv("WEFT_WIRES", "abc", 1);
     expect_econfig((const char *const[]){"WEFT_WIRES", NULL}, NULL);
+    env_dir_remove(&d);
+}
+
+Test(env, reduce_thread_not_0_or_1, .timeout = 30)
+{
+    struct env_dir d;
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_REDUCE_THREAD", "2", 1);
+    expect_econfig((const char *const[]){"WEFT_REDUCE_THREAD", NULL}, NULL);
     env_dir_remove(&d);
 }
 

@@ -194,6 +194,29 @@ Test(nonblocking, reduce_sequences_ring_3ranks, .timeout = 120)
              "reduce_sequences");
 }
 
+/* ---- large operations pending together ---- */
+
+static int large(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_large(c);
+}
+
+/* 64 KiB frames here (run_case): the reducer thread, on whatever the
+ * host's cores, takes whole frames of every lane and wire, the short last
+ * ones stay inline unless they follow one that went. */
+Test(nonblocking, large_ring_3ranks_2wires, .timeout = 120)
+{
+    setenv("WEFT_REDUCE_THREAD", "1", 1);
+    run_case(large, 3, 2, MP_LAYOUT_ONE_HOST, "ring", "large");
+}
+
+Test(nonblocking, large_ring_4ranks_reduce_inline, .timeout = 120)
+{
+    setenv("WEFT_REDUCE_THREAD", "0", 1);
+    run_case(large, 4, 1, MP_LAYOUT_ONE_HOST, "ring", "large");
+}
+
 /* ---- a pipeline, two threads ---- */
 
 static int pipeline(weft_comm *c, void *arg)

@@ -14,10 +14,16 @@
  *    bytes the sender's put there, no more and no fewer;
  *  - when the operation ends, no frame is in flight on any wire;
  *  - the bytes arrive intact (and reduced where asked).
+ * The reduced receives run both inline and on the engine's reducer thread
+ * (every frame handed to it), where a frame's bytes may leave, and its
+ * staging slot be posted again, only once the thread has reduced it; a
+ * transport that fails while the thread holds frames ends the call with
+ * its error, and nothing touches the buffers after the call returned.
  */
 #include <criterion/criterion.h>
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +31,8 @@
 #include "engine/plan.h"
 #include "engine/task.h"
 #include "transport/transport.h"
+
+#include <time.h>
 
 #define FRAME 64
 #define MAXW 4
@@ -52,6 +60,10 @@ typedef struct {
     size_t slen[MAXW], scap[MAXW], taken[MAXW];
     int turn;
     int progress_calls; /* calls of mock_progress */
+    int reducer;        /* reduced frames go to the reducer thread */
+    int fail_after;     /* > 0: progress() fails after this many receives */
+    int received;       /* receives completed */
+    atomic_int woken;   /* wake() ran since progress() last looked */
     char failure[256];  /* first broken invariant, "" if none */
 } mock;
 
@@ -102,7 +114,9 @@ static int mock_post(mock *m, int is_send, int peer, int w, weft__xfer *x)
     if (data_frame(m, x)) {
         weft__region reg = wire_region(m, w);
         size_t off = (size_t)(x->buf - m->buf);
-        size_t depth = is_send ? WEFT__SEND_DEPTH : WEFT__RECV_DEPTH;
+        size_t depth = is_send      ? WEFT__SEND_DEPTH
+                       : m->reducer ? WEFT__RECV_DEPTH_REDUCER
+                                    : WEFT__RECV_DEPTH;
 
         if (off < reg.off || off + x->len > reg.off + reg.len)
             mock_fail(m,
@@ -154,6 +168,8 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
     m->progress_calls++;
     if (m->failure[0] != '\0')
         return WEFT_ETRANSPORT;
+    if (m->fail_after > 0 && m->received >= m->fail_after)
+        return WEFT_ETRANSPORT; /* a wire broke: as a peer that left */
     for (int i = 0; i < 2 * m->W; i++) {
         int k = (m->turn + i) % (2 * m->W), w = k / 2, is_send = k % 2;
         mqueue *q = is_send ? &m->s[w] : &m->r[w];
@@ -177,11 +193,21 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
             }
             memcpy(x->buf, m->stream[w] + m->taken[w], x->len);
             m->taken[w] += x->len;
+            m->received++;
         }
         x->got = x->len;
         m->turn = k + 1;
         x->done(x);
         return WEFT_OK;
+    }
+    /* Nothing posted: the engine may wait for its reducer thread, which
+     * wakes this wait when a frame is reduced. */
+    for (int i = 0; m->reducer && i < 50000; i++) {
+        struct timespec ts = {0, 100000};
+
+        if (atomic_exchange(&m->woken, 0))
+            return WEFT_OK;
+        nanosleep(&ts, NULL);
     }
     mock_fail(m, "n=%zu W=%d: the engine waits with nothing posted", m->nbytes,
               m->W);
@@ -201,9 +227,10 @@ static void mock_shutdown(weft__tp *t)
         m->s[w].n = m->r[w].n = 0;
 }
 
+/* Runs on the reducer thread. */
 static void mock_wake(weft__tp *t)
 {
-    (void)t;
+    atomic_store(&((mock *)t)->woken, 1);
 }
 
 static const weft__tp_ops mock_ops = {
@@ -238,6 +265,8 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     c.timeout_ms = 60000;
     cfg.frame_bytes = m->frame;
     cfg.min_wire_bytes = 1; /* every wire, down to one element each */
+    cfg.reduce_thread = m->reducer;
+    cfg.reduce_thread_min_bytes = 1; /* every reduced frame */
     c.fail.rank = c.rank;
     c.send_seq = seq;
     c.recv_seq = rseq;
@@ -288,6 +317,8 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     if (rc == WEFT_OK)
         rc = weft__task_wait(&t);
     weft__engine_free(&c);
+    if (m->fail_after > 0)
+        return rc;
     cr_assert_eq(m->failure[0], '\0', "%s", m->failure);
     cr_assert_eq(rc, WEFT_OK, "n=%zu W=%d %s: %s: %s", n, m->W,
                  is_send ? "send" : "recv", weft_err_name(rc), c.fail.msg);
@@ -299,6 +330,7 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     return rc;
 }
 
+/* reduce: 0 none, 1 inline, 2 on the reducer thread. */
 static void check_size(int W, size_t n, size_t frame, int reduce)
 {
     mock *m = calloc(1, sizeof *m);
@@ -306,6 +338,7 @@ static void check_size(int W, size_t n, size_t frame, int reduce)
 
     cr_assert(m != NULL && sb != NULL && rb != NULL);
     m->W = W;
+    m->reducer = reduce == 2;
     m->esize = 4;
     m->frame = frame;
     for (size_t i = 0; i < n / 4; i++) {
@@ -352,6 +385,51 @@ Test(engine, every_size_small_reduced)
     every_size_small(1);
 }
 
+Test(engine, every_size_small_reduced_by_thread)
+{
+    every_size_small(2);
+}
+
+/* A wire that breaks while the reducer thread holds frames: the call
+ * fails with the transport's error, and when it has returned nothing
+ * writes the receive buffer any more (it is checked unchanged, then
+ * freed, under the sanitizers). */
+Test(engine, failure_while_reducer_busy)
+{
+    const size_t n = 8u << 20, frame = 256 * 1024;
+
+    for (int after = 1; after <= 9; after += 4) {
+        mock *m = calloc(1, sizeof *m);
+        int32_t *sb = malloc(n), *rb = malloc(n), *copy = malloc(n);
+        int rc;
+
+        cr_assert(m != NULL && sb != NULL && rb != NULL && copy != NULL);
+        m->W = 2;
+        m->esize = 4;
+        m->frame = frame;
+        m->reducer = 1;
+        for (size_t i = 0; i < n / 4; i++)
+            sb[i] = rb[i] = (int32_t)i;
+        run_side(m, 1, (char *)sb, n, 0);
+        m->fail_after = after;
+        rc = run_side(m, 0, (char *)rb, n, 1);
+        cr_assert_eq(rc, WEFT_ETRANSPORT, "after %d frames: %s", after,
+                     weft_err_name(rc));
+        /* A reduction still running would change rb meanwhile (each
+         * element doubles). */
+        memcpy(copy, rb, n);
+        nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+        cr_assert_eq(memcmp(copy, rb, n), 0,
+                     "the receive buffer changed after the call returned");
+        for (int w = 0; w < MAXW; w++)
+            free(m->stream[w]);
+        free(m);
+        free(sb);
+        free(rb);
+        free(copy);
+    }
+}
+
 Test(engine, large_awkward_sizes)
 {
     static const size_t sizes[] = {
@@ -364,5 +442,6 @@ Test(engine, large_awkward_sizes)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
             check_size(W, sizes[i], 4096, 0);
             check_size(W, sizes[i], 4096 + 4, 1);
+            check_size(W, sizes[i], 4096 + 4, 2);
         }
 }
