@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "coll_cases.h"
 #include "harness.h"
@@ -152,4 +155,130 @@ Test(collectives, ring_reducer_every_frame_ranks2_wires1, .timeout = 120)
 Test(collectives, ring_reducer_every_frame_ranks4_wires3, .timeout = 120)
 {
     run_reducer_job(4, 3, "1", "1");
+}
+
+/* ---- short sends ----
+ *
+ * A send on a non-blocking socket may take fewer bytes than it was given
+ * (the kernel takes what its buffer has room for). This test binary's
+ * sendmsg, which libweft's reaches instead of libc's (the program's own
+ * definition comes first), makes every other non-blocking sendmsg of more
+ * than 4 KiB take half its bytes while short_sends is set (in the ranks
+ * of the tests below only): the TCP transport's first write of a batch
+ * (tcp/data.c, try_send) is then often short, libuv writes the rest at
+ * once, and runs that write's callback only in the loop's next turn. A
+ * later batch of the wire must still not complete before it: the engine
+ * asserts that a wire's sends complete in post order (send_done), which
+ * failed here, as on the 16-core host with the reducer thread, while the
+ * transport sent a later batch whole while an earlier one waited for its
+ * callback. */
+static volatile int short_sends;
+
+ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+    static unsigned long calls;
+    struct msghdr c;
+    struct iovec v[64];
+    size_t total = 0, want, acc = 0;
+    size_t n = 0;
+
+    for (size_t i = 0; i < m->msg_iovlen; i++)
+        total += m->msg_iov[i].iov_len;
+    if (!short_sends || !(flags & MSG_DONTWAIT) || total <= 4096 ||
+        m->msg_iovlen > 64 || (calls++ & 1) == 0)
+        return syscall(SYS_sendmsg, fd, m, flags);
+    want = total / 2;
+    for (size_t i = 0; i < m->msg_iovlen && acc < want; i++) {
+        v[n] = m->msg_iov[i];
+        if (acc + v[n].iov_len > want)
+            v[n].iov_len = want - acc;
+        acc += v[n].iov_len;
+        n++;
+    }
+    c = *m;
+    c.msg_iov = v;
+    c.msg_iovlen = n;
+    return syscall(SYS_sendmsg, fd, &c, flags);
+}
+
+/* Large all_reduces, each element checked. */
+static int short_sends_rank(int rank, int nranks, void *arg)
+{
+    const size_t count = (size_t)1 << 20; /* 4 MiB of int32 */
+    int32_t *buf = mp_alloc(count * sizeof *buf);
+    weft_comm *c;
+    int fail = 0, rc;
+
+    (void)arg;
+    short_sends = 1;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (int it = 0; it < 8 && !fail; it++) {
+        for (size_t i = 0; i < count; i++)
+            buf[i] =
+                (int32_t)((i * 7 + (size_t)rank * 13 + (size_t)it) & 0xffff);
+        rc = weft_all_reduce(c, buf, buf, count, WEFT_INT32, WEFT_SUM);
+        if (rc != WEFT_OK) {
+            fail = mp_report_rc(c, "all_reduce(sum, int32, 1M, in place)", rc);
+            break;
+        }
+        for (size_t i = 0; i < count && !fail; i++) {
+            int64_t want = 0;
+
+            for (int r = 0; r < nranks; r++)
+                want +=
+                    (int64_t)((i * 7 + (size_t)r * 13 + (size_t)it) & 0xffff);
+            if (buf[i] != (int32_t)want) {
+                mp_log("iteration %d: element %zu is %d, not %lld", it, i,
+                       (int)buf[i], (long long)want);
+                fail = 1;
+            }
+        }
+    }
+    if (mp_check_canary("all_reduce", "buf", buf, count * sizeof *buf) != 0)
+        fail = 1;
+    free(buf);
+    rc = weft_finalize(c);
+    if (rc != WEFT_OK) {
+        mp_log("weft_finalize returned %s", weft_err_name(rc));
+        fail = 1;
+    }
+    return fail;
+}
+
+static void run_short_sends_job(int nranks, int wires, const char *thread)
+{
+    setenv("WEFT_FRAME_BYTES", "65536", 1);
+    setenv("WEFT_TOPOLOGY", "ring", 1);
+    setenv("WEFT_REDUCE_THREAD", thread, 1);
+    setenv("WEFT_REDUCE_THREAD_MIN_BYTES", "1", 1);
+    struct mp_opts o = {
+        .nranks = nranks,
+        .wires = wires,
+        .timeout_ms = 30000,
+        .deadline_ms = 100000,
+    };
+    struct mp_result res;
+    char buf[1024];
+    cr_assert_eq(mp_run(&o, short_sends_rank, NULL, &res), 0,
+                 "could not set up the job");
+    cr_assert(mp_all_passed(&res),
+              "short sends, %d ranks, %d wires, "
+              "WEFT_REDUCE_THREAD=%s: %s",
+              nranks, wires, thread, mp_describe(&res, buf, sizeof buf));
+}
+
+Test(collectives, short_sends_reducer_ranks2_wires1, .timeout = 120)
+{
+    run_short_sends_job(2, 1, "1");
+}
+
+Test(collectives, short_sends_reducer_ranks4_wires3, .timeout = 120)
+{
+    run_short_sends_job(4, 3, "1");
+}
+
+Test(collectives, short_sends_inline_ranks3_wires3, .timeout = 120)
+{
+    run_short_sends_job(3, 3, "0");
 }

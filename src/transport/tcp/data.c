@@ -19,15 +19,23 @@
 #define BATCH_MAX 64
 
 /* A plain send of what the socket takes now, with no signal: the bytes
- * sent, 0 when it would block, or a negative libuv error. Only where
- * libuv has nothing queued on the stream, or the order would break. */
+ * sent, 0 when it would block, or a negative libuv error. Only where no
+ * earlier batch of k is with libuv, or the order would break: a batch sent
+ * whole here completes at once (complete_batch), so an earlier one must
+ * have completed first. libuv's write queue being empty is not enough: a
+ * uv_write that wrote all its bytes at once (the socket drained between
+ * the short send here and libuv's own write) runs its callback only in
+ * the loop's next turn, and a pump meanwhile (a completion of another
+ * wire in the same flush, a reduced frame taken back outside progress)
+ * may queue more frames on k, which would otherwise complete first. */
 static ssize_t try_send(conn *k, const uv_buf_t *bufs, int n)
 {
     struct msghdr m;
     uv_os_fd_t fd;
     ssize_t r;
 
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&k->h) != 0)
+    if (k->uv_batches != 0 ||
+        uv_stream_get_write_queue_size((uv_stream_t *)&k->h) != 0)
         return 0;
     if (uv_fileno((uv_handle_t *)&k->h, &fd) != 0)
         return UV_EBADF;
@@ -285,6 +293,7 @@ static void data_write_cb(uv_write_t *req, int status)
     tcp_tp *tp = k->tp;
 
     weft__tcp_write_done(tp);
+    k->uv_batches--;
     if (tp->shut || status < 0) {
         w->next = tp->free_wreqs;
         tp->free_wreqs = w;
@@ -373,6 +382,8 @@ static void tcp_flush(tcp_tp *tp)
             bufs[skip].len -= sent;
             rc = weft__tcp_write(tp, &r->req, (uv_stream_t *)&k->h, bufs + skip,
                                  (unsigned int)(n - skip), data_write_cb);
+            if (rc == 0)
+                k->uv_batches++;
         }
         if (rc != 0) {
             r->next = tp->free_wreqs;

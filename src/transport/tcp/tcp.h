@@ -109,6 +109,11 @@ typedef struct conn {
     weft__xfer *sq_tail;
     int dirty; /* in tp->dirty: has queued sends */
     struct conn *dirty_next;
+    /* Batches handed to libuv (uv_write) whose callback has not run. A
+     * request's bytes may all be written, the stream's write queue empty,
+     * while its callback still waits for the next turn of the loop: a
+     * later batch must not complete before it (data.c, try_send). */
+    int uv_batches;
     /* Bytes read ahead of the posted receives: a wire keeps reading once
      * started (restarting a read costs epoll_ctl calls on every frame),
      * and small frames arrive several to a read. */
