@@ -62,7 +62,7 @@
 #define WEFT__MESH_SMALL_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
 #define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
-#define WEFT__HALVING_ALL_REDUCE_BYTES (1024 * 1024)
+#define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
