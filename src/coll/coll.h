@@ -2,7 +2,9 @@
  * What the ring and the mesh algorithms share: the one signature of every
  * algorithm (the selection table, core/select.c, picks among them), and
  * the algorithms built on either family's all-gather: the small all_reduce
- * (gather every input, reduce locally), recursive doubling, the barrier.
+ * (gather every input, reduce locally), the barrier; and those that need
+ * every pair of ranks wired: recursive doubling, recursive halving +
+ * doubling.
  *
  * An algorithm posts its task (task.h): it starts the task's first pass
  * and names the part that runs once that pass completed, and returns
@@ -26,6 +28,16 @@ int weft__gather_reduce(weft__task *t, weft__algo_fn gather);
 /* Recursive doubling for a power-of-two job: in round k each rank swaps
  * its partial result with rank ^ 2^k, and both compute lower OP upper. */
 int weft__doubling_all_reduce(weft__task *t);
+
+/* Recursive halving + doubling (Rabenseifner's) for any number of ranks
+ * that are all directly wired to each other: a reduce-scatter by recursive
+ * halving, then an all-gather by recursive doubling, 2 log2(n) rounds (2
+ * more where n is not a power of two), the same bytes as the ring's
+ * reduce-scatter + all-gather. Each chunk is reduced on one rank and
+ * copied to the others, so every rank ends with the same bits. Needs
+ * count >= nranks (every chunk holds an element, so every round that pairs
+ * two ranks exchanges headers). */
+int weft__halving_all_reduce(weft__task *t);
 
 /* A barrier: an all_gather (with `gather`) of one byte per rank, so no
  * rank leaves before it has heard from every other. */

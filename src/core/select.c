@@ -6,6 +6,7 @@
  */
 #include "core/select.h"
 
+#include "engine/plan.h"
 #include "mesh/mesh.h"
 #include "ring/ring.h"
 #include "transport/transport.h"
@@ -25,8 +26,12 @@ enum {
 enum {
     ANY_SIZE,
     UPTO_SMALL,      /* <= small_all_reduce_bytes */
-    UPTO_SMALL_POW2, /* the same, and a power-of-two job */
+    UPTO_DOUBLING,   /* a power-of-two job, and count * elem (per rank,
+                        not gathered) <= doubling_all_reduce_bytes */
     UPTO_MESH_SMALL, /* <= mesh_small_all_reduce_bytes */
+    UPTO_HALVING,    /* count * elem (per rank) <= halving_all_reduce_bytes
+                        (power-of-two jobs) or halving_fold_all_reduce_bytes
+                        (others); see size_fits */
 };
 
 static int ring_gather_reduce(weft__task *t)
@@ -58,13 +63,14 @@ static const struct algo_row {
     /* Small all_reduce: gather every input and reduce locally, in one
      * exchange where every pair is wired (recursive doubling among one
      * host's ranks when their number is a power of two), else in n-1 ring
-     * steps; large: reduce-scatter + all-gather, direct or around the
-     * ring. */
+     * steps. Mid sizes among one host's ranks: recursive halving +
+     * doubling, 2 log2(n) rounds where the ring has 2n-2 dependent steps.
+     * Large: reduce-scatter + all-gather, direct or around the ring. */
     {WEFT__OP_ALL_REDUCE, ON_MESH, UPTO_MESH_SMALL, mesh_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, ANY_SIZE, weft__mesh_all_reduce},
-    {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_SMALL_POW2,
-     weft__doubling_all_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_DOUBLING, weft__doubling_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_SMALL, mesh_gather_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_HALVING, weft__halving_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING, UPTO_SMALL, ring_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_reduce},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
@@ -108,16 +114,27 @@ int weft__topology(const weft__ctx *c)
 
 static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
 {
-    size_t gathered = a->count * weft_dtype_size(a->dtype) * (size_t)c->nranks;
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
+    const size_t gathered = bytes * (size_t)c->nranks;
+    const int pow2 = (c->nranks & (c->nranks - 1)) == 0;
 
     switch (sizes) {
     case UPTO_SMALL:
         return gathered <= c->cfg->small_all_reduce_bytes;
-    case UPTO_SMALL_POW2:
-        return gathered <= c->cfg->small_all_reduce_bytes &&
-               (c->nranks & (c->nranks - 1)) == 0;
+    case UPTO_DOUBLING:
+        /* Each of its log2(n) rounds moves the whole vector, so the size
+         * where it stops paying is one of bytes per rank, not gathered. */
+        return pow2 && bytes <= c->cfg->doubling_all_reduce_bytes;
     case UPTO_MESH_SMALL:
         return gathered <= c->cfg->mesh_small_all_reduce_bytes;
+    case UPTO_HALVING:
+        /* Fewer rounds than the ring has steps (from 4 ranks), and an
+         * element per rank, so that every round that pairs two ranks
+         * moves data and compares their calls. */
+        return weft__plan_halving_rounds(c->nranks) < 2 * (c->nranks - 1) &&
+               a->count >= (size_t)c->nranks &&
+               bytes <= (pow2 ? c->cfg->halving_all_reduce_bytes
+                              : c->cfg->halving_fold_all_reduce_bytes);
     default:
         return 1;
     }

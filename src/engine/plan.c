@@ -52,3 +52,86 @@ weft__region weft__plan_chunk(size_t m, int n, int i)
                       base + (ui < rem ? 1 : 0)};
     return r;
 }
+
+/* The largest power of two <= n (n >= 1), and its log2. */
+static int pow2_floor(int n, int *lg)
+{
+    int p = 1;
+
+    *lg = 0;
+    while (p * 2 <= n) {
+        p *= 2;
+        (*lg)++;
+    }
+    return p;
+}
+
+int weft__plan_halving_rounds(int nranks)
+{
+    int lg, p = pow2_floor(nranks, &lg);
+
+    return 2 * lg + (p < nranks ? 2 : 0);
+}
+
+/* Chunks [lo, lo + m) of count elements cut into p, as one region. */
+static weft__region chunk_span(size_t count, int p, int lo, int m)
+{
+    weft__region first = weft__plan_chunk(count, p, lo);
+    size_t end = lo + m >= p ? count : weft__plan_chunk(count, p, lo + m).off;
+    weft__region r = {first.off, end - first.off};
+
+    return r;
+}
+
+weft__halving_round weft__plan_halving(size_t count, int nranks, int rank,
+                                       int round)
+{
+    int lg, p = pow2_floor(nranks, &lg);
+    int r = nranks - p, folds = r > 0;
+    weft__halving_round hr = {-1, -1, {0, 0}, {0, 0}, 0, 0};
+    weft__region all = {0, count};
+    /* Rank v of the p that run the halving and doubling; -1 for the even
+     * ranks that folded into their odd neighbour. */
+    int v = rank < 2 * r ? (rank % 2 == 1 ? rank / 2 : -1) : rank - r;
+    int j = round - folds, m, mine, peer_v;
+
+    if (folds && (round == 0 || round == 2 * lg + 1)) {
+        int last = round != 0;
+
+        if (rank >= 2 * r)
+            return hr;
+        /* Round 0: the even rank's input to the odd one, reduced there;
+         * the last round: the odd one's result back. */
+        if ((rank % 2 == 0) != last) {
+            hr.send_peer = rank % 2 == 0 ? rank + 1 : rank - 1;
+            hr.send = all;
+        } else {
+            hr.recv_peer = rank % 2 == 0 ? rank + 1 : rank - 1;
+            hr.recv = all;
+            hr.reduce = !last;
+        }
+        hr.from_input = !last;
+        return hr;
+    }
+    if (v < 0)
+        return hr;
+    if (j < lg) {
+        /* Reduce-scatter, windows halving: of the window of 2m chunks
+         * that holds v, keep the half that holds v. */
+        m = p >> (j + 1);
+        mine = (v & ~(2 * m - 1)) + (v & m);
+        hr.send = chunk_span(count, p, mine ^ m, m);
+        hr.recv = chunk_span(count, p, mine, m);
+        hr.reduce = 1;
+        hr.from_input = j == 0 && rank >= 2 * r;
+    } else {
+        /* All-gather, windows doubling: swap the m chunks each holds. */
+        m = 1 << (j - lg);
+        mine = v & ~(m - 1);
+        hr.send = chunk_span(count, p, mine, m);
+        hr.recv = chunk_span(count, p, mine ^ m, m);
+    }
+    peer_v = v ^ m;
+    hr.send_peer = hr.recv_peer = peer_v < r ? 2 * peer_v + 1 : peer_v + r;
+    return hr;
+}

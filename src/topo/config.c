@@ -311,6 +311,20 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__REDUCE_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->reduce_thread_min_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30,
+                      WEFT__DOUBLING_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
+        0)
+        return rc;
+    cfg->doubling_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HALVING_ALL_REDUCE_BYTES", 0, 1L << 40,
+                      WEFT__HALVING_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->halving_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HALVING_FOLD_ALL_REDUCE_BYTES", 0, 1L << 40,
+                      WEFT__HALVING_FOLD_ALL_REDUCE_BYTES, &v, errmsg,
+                      errlen)) != 0)
+        return rc;
+    cfg->halving_fold_all_reduce_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)

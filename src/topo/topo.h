@@ -44,10 +44,26 @@
  *   exchange of the inputs against the direct reduce-scatter +
  *   all-gather; also the small/large switch of the mesh's broadcast):
  *   measured at 128 KiB gathered (4 ranks x 32 KiB) on both a 2-core and
- *   a 16-core machine. */
+ *   a 16-core machine.
+ * - Among ranks that are all wired to each other without the mesh (one
+ *   host's ranks, topology auto), SMALL_ALL_REDUCE_BYTES applies where n
+ *   is not a power of two; where it is, recursive doubling (log2(n)
+ *   rounds, each moving the whole vector) runs up to
+ *   DOUBLING_ALL_REDUCE_BYTES per rank (count * size, not gathered:
+ *   measured at 32 KiB per rank at 2, 4 and 8 ranks alike).
+ * - Past those, up to HALVING_ALL_REDUCE_BYTES per rank where n is a
+ *   power of two, HALVING_FOLD_ALL_REDUCE_BYTES where not (the fold sends
+ *   the whole vector to a neighbour and back, which costs at large
+ *   sizes), the same ranks run recursive halving + doubling (2 log2(n)
+ *   rounds, +2 where n is not a power of two) instead of the ring's 2n-2
+ *   steps, from 4 ranks on. See docs/performance.md, "The mid-size
+ *   cliff". */
 #define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
 #define WEFT__MESH_SMALL_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
+#define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
+#define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
+#define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
@@ -97,6 +113,9 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t mesh_small_all_reduce_bytes;
     size_t bidir_min_bytes;
+    size_t doubling_all_reduce_bytes; /* per rank, as the two below */
+    size_t halving_all_reduce_bytes;
+    size_t halving_fold_all_reduce_bytes;
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
     char transport[16]; /* "tcp" or "ibverbs" */

@@ -15,10 +15,8 @@
 
 static const weft_dtype coll_dtypes[] = {WEFT_INT32, WEFT_FLOAT32,
                                          WEFT_BFLOAT16, WEFT_FLOAT64};
-static const weft_redop coll_ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN,
-                                      WEFT_MAX};
+static const weft_redop coll_ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
 #define NELEMS(a) (sizeof(a) / sizeof((a)[0]))
-
 
 static size_t frame_bytes(void)
 {
@@ -68,10 +66,14 @@ static double gen_value(weft_dtype dt, weft_redop op, int rank, size_t i,
 static double reduce2(weft_redop op, double a, double b)
 {
     switch (op) {
-    case WEFT_SUM: return a + b;
-    case WEFT_PROD: return a * b;
-    case WEFT_MIN: return a < b ? a : b;
-    case WEFT_MAX: return a > b ? a : b;
+    case WEFT_SUM:
+        return a + b;
+    case WEFT_PROD:
+        return a * b;
+    case WEFT_MIN:
+        return a < b ? a : b;
+    case WEFT_MAX:
+        return a > b ? a : b;
     }
     return a;
 }
@@ -93,8 +95,7 @@ static int check_same_everywhere(const struct coll_ctx *x, const char *what,
         if (all[r] != h) {
             mp_log("%s: result differs between ranks: hash %016llx on rank "
                    "%d, %016llx here",
-                   what, (unsigned long long)all[r], r,
-                   (unsigned long long)h);
+                   what, (unsigned long long)all[r], r, (unsigned long long)h);
             return 1;
         }
     }
@@ -132,7 +133,7 @@ static int case_all_reduce(struct coll_ctx *x, weft_dtype dt, size_t count,
            mp_check_canary(what, "recvbuf", recv, nb);
     if (!fail && !inplace)
         fail = mp_check_elems(what, "sendbuf (must be unchanged)", dt, send,
-                           orig, count) ||
+                              orig, count) ||
                mp_check_canary(what, "sendbuf", send, nb);
     if (!fail)
         fail = check_same_everywhere(x, what, recv, nb);
@@ -181,10 +182,10 @@ static int case_reduce_scatter(struct coll_ctx *x, weft_dtype dt, size_t count,
     }
     fail = mp_check_elems(what, "result", dt, recv, exp, count) ||
            mp_check_canary(what, inplace ? "sendbuf" : "recvbuf",
-                        inplace ? send : recv, inplace ? total * es : nb);
+                           inplace ? send : recv, inplace ? total * es : nb);
     if (!fail && !inplace)
         fail = mp_check_elems(what, "sendbuf (must be unchanged)", dt, send,
-                           orig, total) ||
+                              orig, total) ||
                mp_check_canary(what, "sendbuf", send, total * es);
 out:
     free(send);
@@ -232,7 +233,7 @@ static int case_all_gather(struct coll_ctx *x, weft_dtype dt, size_t count,
            mp_check_canary(what, "recvbuf", recv, total_nb);
     if (!fail && !inplace)
         fail = mp_check_elems(what, "sendbuf (must be unchanged)", dt, send,
-                           orig, count) ||
+                              orig, count) ||
                mp_check_canary(what, "sendbuf", send, nb);
 out:
     free(recv);
@@ -297,8 +298,12 @@ int coll_run_cases(struct coll_ctx *x)
             mp_log("weft_dtype_size(%s) is 0", mp_dtype_name(dt));
             return 1;
         }
-        size_t f = fb / es;
-        const size_t counts[] = {0, 1, 7, f - 1, f + 1, 3 * f + 13};
+        size_t f = fb / es, n = (size_t)x->nranks;
+        /* Around the frame, and around the rank count: recursive halving
+         * + doubling needs an element per rank (n - 1 goes another way),
+         * and 101n + 3 is a mid size that no power of two divides. */
+        const size_t counts[] = {0,          1,     7, f - 1, f + 1,
+                                 3 * f + 13, n - 1, n, n + 1, 101 * n + 3};
         for (size_t k = 0; k < NELEMS(counts); k++) {
             size_t count = counts[k];
             uint64_t seed = mp_hash64(((uint64_t)dt << 40) ^ count);
@@ -312,8 +317,8 @@ int coll_run_cases(struct coll_ctx *x)
             }
             for (size_t o = 0; o < NELEMS(coll_ops); o++) {
                 for (int inplace = 0; inplace < 3; inplace++) {
-                    if (case_reduce_scatter(x, dt, count, coll_ops[o],
-                                            inplace, seed + 7 * o + 1))
+                    if (case_reduce_scatter(x, dt, count, coll_ops[o], inplace,
+                                            seed + 7 * o + 1))
                         return 1;
                     x->ncases++;
                 }
@@ -335,4 +340,3 @@ int coll_run_cases(struct coll_ctx *x)
     }
     return 0;
 }
-

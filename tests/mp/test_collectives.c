@@ -38,7 +38,10 @@ static int coll_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
-static void run_job(int nranks, int wires, const char *topology)
+/* small: WEFT_SMALL_ALL_REDUCE_BYTES for the job ("4096" unless set
+ * outside). */
+static void run_job_small(int nranks, int wires, const char *topology,
+                          const char *small)
 {
     /* Ranks of one host use shared memory, one wire per peer whatever
      * WEFT_WIRES says; several wires are TCP's (shared memory off). */
@@ -52,7 +55,8 @@ static void run_job(int nranks, int wires, const char *topology)
      * around the ring or direct in the mesh). */
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
-    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", small, 0);
+    setenv("WEFT_DOUBLING_ALL_REDUCE_BYTES", "1024", 0);
     setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "4096", 0);
     setenv("WEFT_TOPOLOGY", topology, 1);
     struct mp_opts o = {
@@ -67,6 +71,11 @@ static void run_job(int nranks, int wires, const char *topology)
                  "could not set up the job");
     cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires: %s", topology,
               nranks, wires, mp_describe(&res, buf, sizeof buf));
+}
+
+static void run_job(int nranks, int wires, const char *topology)
+{
+    run_job_small(nranks, wires, topology, "4096");
 }
 
 /* Shared memory with a ring so small that records wrap and frames go in
@@ -97,8 +106,10 @@ SHM_TEST(4, auto)
 
 /* Every case under each topology: on one host every pair of ranks is
  * joined, so "mesh" runs the direct and mesh algorithms, "ring" the ring
- * ones, and "auto" the ring ones for large operations and the direct ones
- * (recursive doubling for 2 and 4 ranks) for small ones. */
+ * ones, and "auto" the direct ones: recursive doubling (2 and 4 ranks) or
+ * one exchange (3 ranks) for small all_reduces, recursive halving +
+ * doubling for the mid sizes from 4 ranks, the ring for 2 and 3 ranks
+ * and past the mid sizes. */
 #define COLL_TEST(n, w)                                                        \
     Test(collectives, ring_ranks##n##_wires##w, .timeout = 120)                \
     {                                                                          \
@@ -281,4 +292,27 @@ Test(collectives, short_sends_reducer_ranks4_wires3, .timeout = 120)
 Test(collectives, short_sends_inline_ranks3_wires3, .timeout = 120)
 {
     run_short_sends_job(3, 3, "0");
+}
+
+/* Recursive halving + doubling where "auto" picks it, at rank counts that
+ * are not powers of two (one rank folded into its neighbour, two, three)
+ * and at 8 (three rounds each way); over shared memory, and at 6 ranks
+ * over TCP (two wires). The 7-rank job takes no small path, so every
+ * all_reduce of at least 7 elements runs it, down to chunks of one
+ * element (and 1 element falls to the ring). */
+Test(collectives, auto_ranks5_wires1, .timeout = 120)
+{
+    run_job(5, 1, "auto");
+}
+Test(collectives, auto_ranks6_wires2, .timeout = 120)
+{
+    run_job(6, 2, "auto");
+}
+Test(collectives, auto_ranks7_wires1_no_small, .timeout = 120)
+{
+    run_job_small(7, 1, "auto", "0");
+}
+Test(collectives, auto_ranks8_wires1, .timeout = 120)
+{
+    run_job(8, 1, "auto");
 }

@@ -32,7 +32,10 @@ struct contract_shm {
     char msg[MP_MAX_RANKS][256];
 };
 
-static struct contract_shm *shm(void) { return mp_shm(); }
+static struct contract_shm *shm(void)
+{
+    return mp_shm();
+}
 
 static void record(int rank, int slot, int rc, double ms, const weft_comm *c)
 {
@@ -57,8 +60,7 @@ static int msg_explains(int rc, const char *msg)
 {
     switch (rc) {
     case WEFT_EMISMATCH:
-        return strstr(msg, "called") != NULL ||
-               strstr(msg, "header") != NULL ||
+        return strstr(msg, "called") != NULL || strstr(msg, "header") != NULL ||
                strstr(msg, "message of") != NULL;
     case WEFT_EPEER:
         return strstr(msg, "closed") != NULL || strstr(msg, "reset") != NULL;
@@ -177,13 +179,12 @@ static void run_root_mismatch(const struct layout_case *lc)
     int all_ok = 1;
     for (int r = 0; r < lc->nranks; r++) {
         all_ok &= shm()->rc[r][0] == WEFT_OK;
-        cr_assert(shm()->rc[r][0] == WEFT_OK ||
-                      shm()->rc[r][0] == WEFT_EMISMATCH ||
-                      shm()->rc[r][0] == WEFT_EPEER ||
-                      shm()->rc[r][0] == WEFT_ETIMEDOUT,
-                  "%s: rank %d's mismatched broadcast returned %s (%s)",
-                  layout_name(lc), r, weft_err_name(shm()->rc[r][0]),
-                  shm()->msg[r]);
+        cr_assert(
+            shm()->rc[r][0] == WEFT_OK || shm()->rc[r][0] == WEFT_EMISMATCH ||
+                shm()->rc[r][0] == WEFT_EPEER ||
+                shm()->rc[r][0] == WEFT_ETIMEDOUT,
+            "%s: rank %d's mismatched broadcast returned %s (%s)",
+            layout_name(lc), r, weft_err_name(shm()->rc[r][0]), shm()->msg[r]);
     }
     cr_assert(!all_ok,
               "%s: every rank returned WEFT_OK from broadcasts with "
@@ -266,6 +267,82 @@ Test(matching, message_explains_code, .timeout = 240)
     }
 }
 
+/* ---- mid-size all_reduce among one host's ranks ----
+ *
+ * Recursive halving + doubling (the mid sizes where every pair of ranks
+ * is wired): one rank calls with one element more, or with another dtype
+ * of the same size. The ranks paired with it see WEFT_EMISMATCH at once;
+ * every other rank's result depends on theirs, so none may return WEFT_OK
+ * (that would be wrong data), and each says why it failed. The odd rank
+ * is rank 0 (at 5 ranks, the one that folds into rank 1) or the last. */
+struct halving_mismatch {
+    int nranks;
+    int odd_rank;
+    int dtype; /* 0: the counts differ; 1: the dtypes */
+};
+
+static int halving_mismatch_rank(int rank, int nranks, void *arg)
+{
+    const struct halving_mismatch *hm = arg;
+    const int odd = rank == hm->odd_rank;
+    /* 16 KiB per rank: past the small path at 5 and 8 ranks, within
+     * recursive halving + doubling. */
+    size_t count = 4096 + (odd && !hm->dtype ? 1 : 0);
+    weft_dtype dt = odd && hm->dtype ? WEFT_FLOAT32 : WEFT_INT32;
+    int32_t *buf = calloc(4097, sizeof *buf);
+    weft_comm *c;
+    int fail;
+
+    if (buf == NULL || mp_init(&c, rank, nranks) != WEFT_OK) {
+        free(buf);
+        return 1;
+    }
+    double t0 = mp_now_ms();
+    int rc = weft_all_reduce(c, buf, buf, count, dt, WEFT_SUM);
+    record(rank, 0, rc, mp_now_ms() - t0, c);
+    fail = check_msg(c, "mid-size all_reduce with mismatched arguments", rc);
+    free(buf);
+    return finalize(c) || fail;
+}
+
+Test(matching, halving_all_reduce_mismatch, .timeout = 120)
+{
+    static const struct halving_mismatch cases[] = {
+        {5, 0, 0}, {5, 4, 1}, {8, 7, 0}, {8, 0, 1}, {6, 2, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct halving_mismatch *hm = &cases[i];
+        struct mp_opts o = {
+            .nranks = hm->nranks,
+            .timeout_ms = 5000,
+            .connect_timeout_ms = 20000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        int mismatch = 0;
+
+        setenv("WEFT_TOPOLOGY", "auto", 1);
+        cr_assert_eq(mp_run(&o, halving_mismatch_rank, (void *)hm, &res), 0);
+        unsetenv("WEFT_TOPOLOGY");
+        assert_passed(&res, "mismatched mid-size all_reduce");
+        for (int r = 0; r < hm->nranks; r++) {
+            int rc = shm()->rc[r][0];
+
+            mismatch |= rc == WEFT_EMISMATCH;
+            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
+                          rc == WEFT_ETIMEDOUT,
+                      "%d ranks, rank %d's %s differs: rank %d returned %s "
+                      "(%s)",
+                      hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count",
+                      r, weft_err_name(rc), shm()->msg[r]);
+        }
+        cr_assert(mismatch,
+                  "%d ranks, rank %d's %s differs: no rank returned "
+                  "WEFT_EMISMATCH",
+                  hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+    }
+}
+
 /* ---- item 4: relayed point to point is matched as direct ---- */
 
 struct relay_case {
@@ -321,7 +398,8 @@ static void run_relay_mismatch(const struct relay_case *rc_)
     cr_assert_eq(got, WEFT_EMISMATCH,
                  "recv of %zu %s from rank 0 (%s) met a send of %zu %s: "
                  "returned %s (%s), expected WEFT_EMISMATCH",
-                 rc_->recv_count, rc_->recv_dt == WEFT_INT32 ? "int32" : "other",
+                 rc_->recv_count,
+                 rc_->recv_dt == WEFT_INT32 ? "int32" : "other",
                  rc_->dst == 2 ? "relayed" : "direct", rc_->send_count,
                  rc_->send_dt == WEFT_INT32 ? "int32" : "other",
                  weft_err_name(got), shm()->msg[rc_->dst]);
@@ -392,8 +470,8 @@ static int gone_peer_rank(int rank, int nranks, void *arg)
 Test(liveness, send_to_finalized_peer, .timeout = 60)
 {
     int reset = 0;
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 3000,
-                        .deadline_ms = JOB_DEADLINE_MS};
+    struct mp_opts o = {
+        .nranks = 2, .timeout_ms = 3000, .deadline_ms = JOB_DEADLINE_MS};
     struct mp_result res;
     cr_assert_eq(mp_run(&o, gone_peer_rank, &reset, &res), 0);
     assert_passed(&res, "send to a finalized peer");
@@ -402,8 +480,8 @@ Test(liveness, send_to_finalized_peer, .timeout = 60)
 Test(liveness, send_to_reset_peer, .timeout = 60)
 {
     int reset = 1;
-    struct mp_opts o = {.nranks = 2, .timeout_ms = 3000,
-                        .deadline_ms = JOB_DEADLINE_MS};
+    struct mp_opts o = {
+        .nranks = 2, .timeout_ms = 3000, .deadline_ms = JOB_DEADLINE_MS};
     struct mp_result res;
     cr_assert_eq(mp_run(&o, gone_peer_rank, &reset, &res), 0);
     assert_passed(&res, "send to a peer that reset its wire");
@@ -542,8 +620,7 @@ Test(deadline, relayed_and_direct_one_deadline, .timeout = 60)
         .deadline_ms = JOB_DEADLINE_MS,
     };
     struct mp_result res;
-    run_timed(&o, split_sendrecv_rank, NULL, &res,
-              "relayed + direct sendrecv");
+    run_timed(&o, split_sendrecv_rank, NULL, &res, "relayed + direct sendrecv");
 }
 
 /* ---- item 2: a new communicator while a peer holds its old one ---- */
@@ -624,8 +701,8 @@ static void run_reinit(int late, int reps)
         struct mp_result res;
         char what[64];
         cr_assert_eq(mp_run(&o, reinit_rank, &late, &res), 0);
-        snprintf(what, sizeof what, "re-init with rank %d late (run %d)",
-                 late, i + 1);
+        snprintf(what, sizeof what, "re-init with rank %d late (run %d)", late,
+                 i + 1);
         assert_passed(&res, what);
     }
 }

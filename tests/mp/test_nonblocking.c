@@ -25,6 +25,7 @@ static void small_thresholds(void)
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
     setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    setenv("WEFT_DOUBLING_ALL_REDUCE_BYTES", "1024", 0);
     setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "4096", 0);
 }
 

@@ -6,6 +6,7 @@
  * prefill the same number of frames, bounded by each wire's own region.
  */
 #include <criterion/criterion.h>
+#include <stdint.h>
 
 #include "engine/plan.h"
 #include "topo/topo.h"
@@ -65,8 +66,8 @@ Test(plan, large_awkward_sizes)
     static const size_t sizes[] = {
         WEFT__MIN_WIRE_BYTES - 8, WEFT__MIN_WIRE_BYTES,
         WEFT__MIN_WIRE_BYTES + 8, 3 * WEFT__MIN_WIRE_BYTES + 24,
-        (1u << 20) + 8,          (64u << 20) - 8,
-        (64u << 20) + 1016,      1000000007ull * 8,
+        (1u << 20) + 8,           (64u << 20) - 8,
+        (64u << 20) + 1016,       1000000007ull * 8,
     };
     for (int nw = 1; nw <= 4; nw++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
@@ -78,7 +79,175 @@ Test(plan, fewer_wires_for_small)
 {
     cr_assert_eq(weft__plan_wires(0, 3, WEFT__MIN_WIRE_BYTES), 1);
     cr_assert_eq(weft__plan_wires(1, 3, WEFT__MIN_WIRE_BYTES), 1);
-    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES, 3, WEFT__MIN_WIRE_BYTES), 1);
-    cr_assert_eq(weft__plan_wires(WEFT__MIN_WIRE_BYTES + 1, 3, WEFT__MIN_WIRE_BYTES), 2);
+    cr_assert_eq(
+        weft__plan_wires(WEFT__MIN_WIRE_BYTES, 3, WEFT__MIN_WIRE_BYTES), 1);
+    cr_assert_eq(
+        weft__plan_wires(WEFT__MIN_WIRE_BYTES + 1, 3, WEFT__MIN_WIRE_BYTES), 2);
     cr_assert_eq(weft__plan_wires(100u << 20, 3, WEFT__MIN_WIRE_BYTES), 3);
+}
+
+/* ---- recursive halving + doubling (weft__plan_halving) ----
+ *
+ * Every rank's rounds are simulated together on symbolic elements: each
+ * element holds the set of ranks whose inputs it sums (a bit mask) and
+ * the number of the reduction that made it (inputs have their own), so
+ * the test sees that sends and receives pair up exactly, that nothing is
+ * read before it is written (the result buffer starts empty, and the
+ * input is read only where a round says so), that no input is counted
+ * twice, that every rank ends with every input in every element, and
+ * that every rank's element came out of the same reduction (the
+ * bitwise-identical results of API.md). In place, the input and the
+ * result are one buffer. */
+
+#define HV_MAX_RANKS 64
+#define HV_MAX_COUNT 1200
+
+typedef struct {
+    uint64_t mask; /* 0: nothing written here yet */
+    uint32_t id;
+} hv_elem;
+
+static hv_elem hv_in[HV_MAX_RANKS][HV_MAX_COUNT];
+static hv_elem hv_out[HV_MAX_RANKS][HV_MAX_COUNT];
+static hv_elem hv_msg[HV_MAX_RANKS][HV_MAX_COUNT];
+
+static int regions_overlap(weft__region a, weft__region b)
+{
+    return a.len > 0 && b.len > 0 && a.off < b.off + b.len &&
+           b.off < a.off + a.len;
+}
+
+static void check_halving(size_t count, int n, int inplace)
+{
+    const int rounds = weft__plan_halving_rounds(n);
+    int lg = 0;
+    uint32_t next_id = HV_MAX_RANKS + 1;
+
+    while ((2 << lg) <= n)
+        lg++;
+    cr_assert_eq(rounds, 2 * lg + ((1 << lg) < n ? 2 : 0), "n=%d", n);
+    for (int r = 0; r < n; r++)
+        for (size_t e = 0; e < count; e++) {
+            hv_in[r][e] = (hv_elem){1ull << r, (uint32_t)r + 1};
+            hv_out[r][e] = inplace ? hv_in[r][e] : (hv_elem){0, 0};
+        }
+    for (int k = 0; k < rounds; k++) {
+        weft__halving_round hr[HV_MAX_RANKS];
+
+        for (int r = 0; r < n; r++)
+            hr[r] = weft__plan_halving(count, n, r, k);
+        /* Pairing, regions, and what each rank sends, read before any
+         * receive of the round lands (they run at once). */
+        for (int r = 0; r < n; r++) {
+            const weft__halving_round *h = &hr[r];
+            hv_elem(*own)[HV_MAX_COUNT] =
+                h->from_input && !inplace ? hv_in : hv_out;
+
+            cr_assert(h->send_peer != r && h->recv_peer != r);
+            cr_assert(!regions_overlap(h->send, h->recv),
+                      "n=%d count=%zu round %d rank %d: the send and the "
+                      "receive overlap",
+                      n, count, k, r);
+            if (h->recv_peer >= 0) {
+                const weft__halving_round *g = &hr[h->recv_peer];
+                cr_assert_eq(g->send_peer, r, "n=%d round %d: %d waits for %d",
+                             n, k, r, h->recv_peer);
+                cr_assert(g->send.off == h->recv.off &&
+                              g->send.len == h->recv.len,
+                          "n=%d count=%zu round %d: %d sends other elements "
+                          "than %d receives",
+                          n, count, k, h->recv_peer, r);
+                if (count >= (size_t)n)
+                    cr_assert(h->recv.len > 0,
+                              "n=%d count=%zu round %d: an empty receive", n,
+                              count, k);
+            }
+            if (h->send_peer < 0)
+                continue;
+            cr_assert_eq(hr[h->send_peer].recv_peer, r,
+                         "n=%d round %d: %d sends to %d, which does not "
+                         "receive",
+                         n, k, r, h->send_peer);
+            cr_assert(h->send.off + h->send.len <= count);
+            if (count >= (size_t)n)
+                cr_assert(h->send.len > 0,
+                          "n=%d count=%zu round %d: an "
+                          "empty send",
+                          n, count, k);
+            for (size_t e = 0; e < h->send.len; e++) {
+                hv_elem x = own[r][h->send.off + e];
+                cr_assert(x.mask != 0,
+                          "n=%d count=%zu round %d: rank %d sends element "
+                          "%zu before it has it",
+                          n, count, k, r, h->send.off + e);
+                hv_msg[r][e] = x;
+            }
+        }
+        for (int r = 0; r < n; r++) {
+            const weft__halving_round *h = &hr[r];
+            hv_elem(*own)[HV_MAX_COUNT] =
+                h->from_input && !inplace ? hv_in : hv_out;
+
+            if (h->recv_peer < 0)
+                continue;
+            cr_assert(h->recv.off + h->recv.len <= count);
+            for (size_t e = 0; e < h->recv.len; e++) {
+                size_t i = h->recv.off + e;
+                hv_elem got = hv_msg[h->recv_peer][e], mine = own[r][i];
+
+                if (!h->reduce) {
+                    hv_out[r][i] = got;
+                    continue;
+                }
+                cr_assert(mine.mask != 0,
+                          "n=%d round %d: rank %d reduces into element %zu "
+                          "before it has it",
+                          n, k, r, i);
+                cr_assert_eq(mine.mask & got.mask, 0,
+                             "n=%d round %d: rank %d counts an input twice "
+                             "in element %zu",
+                             n, k, r, i);
+                hv_out[r][i] = (hv_elem){mine.mask | got.mask, next_id++};
+            }
+        }
+    }
+    for (size_t e = 0; e < count; e++)
+        for (int r = 0; r < n; r++) {
+            cr_assert_eq(hv_out[r][e].mask, n == 64 ? ~0ull : (1ull << n) - 1,
+                         "n=%d count=%zu: rank %d element %zu misses inputs", n,
+                         count, r, e);
+            cr_assert_eq(hv_out[r][e].id, hv_out[0][e].id,
+                         "n=%d count=%zu: element %zu reduced differently "
+                         "on rank %d and rank 0",
+                         n, count, e, r);
+        }
+}
+
+Test(plan, halving_every_rank_count)
+{
+    for (int n = 2; n <= 40; n++) {
+        const size_t counts[] = {1,
+                                 (size_t)n - 1,
+                                 (size_t)n,
+                                 (size_t)n + 1,
+                                 2 * (size_t)n - 1,
+                                 3 * (size_t)n + 7,
+                                 1000};
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+            for (int inplace = 0; inplace < 2; inplace++)
+                if (counts[i] > 0)
+                    check_halving(counts[i], n, inplace);
+    }
+    check_halving(HV_MAX_COUNT, 64, 0);
+    check_halving(HV_MAX_COUNT - 1, 63, 1);
+}
+
+Test(plan, halving_rounds)
+{
+    cr_assert_eq(weft__plan_halving_rounds(2), 2);
+    cr_assert_eq(weft__plan_halving_rounds(3), 4);
+    cr_assert_eq(weft__plan_halving_rounds(8), 6);
+    cr_assert_eq(weft__plan_halving_rounds(12), 8);
+    cr_assert_eq(weft__plan_halving_rounds(16), 8);
+    cr_assert_eq(weft__plan_halving_rounds(17), 10);
 }
