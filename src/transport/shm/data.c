@@ -230,6 +230,15 @@ static long cma_read(shm_wire *w, uint64_t addr, size_t n)
     riov.iov_base = (void *)(uintptr_t)(addr + w->r_off);
     riov.iov_len = want;
     got = process_vm_readv(w->pid, liov, (unsigned long)cnt, &riov, 1, 0);
+    if (got < 0 && atomic_load(w->peer_aborted) != 0) {
+        /* The peer failed or finalized and handed its buffer back (it may
+         * be unmapped by now): its leaving, not a fault of this rank. */
+        weft__shm_fail(w->tp, WEFT_EPEER,
+                       "rank %d: peer %d (same host) closed its side (it "
+                       "failed or finalized) before this rank read its data",
+                       w->tp->rank, w->peer);
+        return w->tp->err;
+    }
     if (got < 0) {
         int e = errno;
         weft__shm_fail(w->tp, e == ESRCH ? WEFT_EPEER : WEFT_ETRANSPORT,
