@@ -538,19 +538,33 @@ void weft__shm_wake(weft__tp *t)
 
 /* ---- posting ---- */
 
-int weft__shm_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
+/* Where a post goes: *out is the wire to peer p of this host, or NULL for
+ * a peer of another host (the TCP side's). Returns the post's failure
+ * where this transport has failed or has no such wire. */
+static int post_wire(shm_tp *tp, int p, int wi, shm_wire **out)
 {
-    shm_tp *tp = (shm_tp *)t;
-    shm_wire *w;
-
+    *out = NULL;
     if (p < 0 || p >= tp->nranks || tp->local[p] == NULL)
-        return weft__tcp_ops.post_send(tp->tcp, p, wi, x);
+        return WEFT_OK;
     if (tp->err != 0)
         return tp->err;
     if (tp->shut)
         return WEFT_EABORTED;
-    if ((w = local_wire(tp, p, wi)) == NULL)
+    if ((*out = local_wire(tp, p, wi)) == NULL)
         return weft__tp_no_wire(tp->p->sink, tp->rank, p, wi);
+    return WEFT_OK;
+}
+
+int weft__shm_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
+{
+    shm_tp *tp = (shm_tp *)t;
+    shm_wire *w;
+    int rc;
+
+    if ((rc = post_wire(tp, p, wi, &w)) != 0)
+        return rc;
+    if (w == NULL)
+        return weft__tcp_ops.post_send(tp->tcp, p, wi, x);
     /* A send to a peer that has left must fail rather than vanish into
      * the ring. A peer that finalized or failed says so in the segment;
      * one that died only closed its TCP connection, which the kernel is
@@ -580,15 +594,12 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
 {
     shm_tp *tp = (shm_tp *)t;
     shm_wire *w;
+    int rc;
 
-    if (p < 0 || p >= tp->nranks || tp->local[p] == NULL)
+    if ((rc = post_wire(tp, p, wi, &w)) != 0)
+        return rc;
+    if (w == NULL)
         return weft__tcp_ops.post_recv(tp->tcp, p, wi, x);
-    if (tp->err != 0)
-        return tp->err;
-    if (tp->shut)
-        return WEFT_EABORTED;
-    if ((w = local_wire(tp, p, wi)) == NULL)
-        return weft__tp_no_wire(tp->p->sink, tp->rank, p, wi);
     x->got = 0;
     weft__xq_push(&w->rq_head, &w->rq_tail, x);
     /* What already landed is handed over at once. A failure found here is
