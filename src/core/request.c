@@ -68,6 +68,8 @@ typedef struct weft__sched {
     int driving;               /* a thread runs the engine (one at most) */
     int stop;                  /* finalize: the thread ends */
     int idle_off;              /* the transport failed: no idle polling */
+    uint64_t spin_ns;          /* idle_spin's time; 0: sleep at once */
+    atomic_uint kicks;         /* posts and the stop, for idle_spin */
     atomic_int has_thread;
     pthread_t thread;
 } weft__sched;
@@ -80,7 +82,8 @@ struct weft_request {
     uint64_t seq;   /* collectives: the communicator's count of them */
     weft__call k;
     weft__task t;
-    int state; /* R_*, under s->mu */
+    int state;        /* R_*, under s->mu */
+    atomic_uint done; /* state is R_DONE (read without the lock) */
     int result;
     int freed;   /* weft_request_free came first: freed once done */
     int waiting; /* threads in weft_wait on it */
@@ -122,9 +125,38 @@ int weft__sched_init(weft_comm *c)
     }
     s->refs = 1;
     s->c = c;
+    if (c->cfg.spare_cores && c->cfg.spin_us > 0)
+        s->spin_ns = (uint64_t)c->cfg.spin_us * 1000u;
+    atomic_init(&s->kicks, 0);
     atomic_init(&s->has_thread, 0);
     c->s = s;
     return WEFT_OK;
+}
+
+/* Before a thread sleeps on s->cv for work (the progress thread) or for a
+ * completion (weft_wait), it polls *word for a change from `seen` for
+ * s->spin_ns, without the lock: waking a sleeping thread costs 10-20 us on
+ * a host of many cores, more than a small operation over shared memory.
+ * Only where the host has a core per thread to spare (cfg.spare_cores);
+ * else the spin would take the core the other thread needs. 1 when the
+ * word changed. */
+static int idle_spin(const weft__sched *s, const atomic_uint *word,
+                     unsigned seen)
+{
+    uint64_t end;
+
+    if (s->spin_ns == 0)
+        return 0;
+    end = weft__now_ns() + s->spin_ns;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(word, memory_order_acquire) != seen)
+            return 1;
+        if ((i & 63) == 0 && weft__now_ns() >= end)
+            return 0;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    }
 }
 
 /* ---- running one operation (the driver, without the lock) ---- */
@@ -314,6 +346,7 @@ static void complete(weft__sched *s, weft_request *batch)
         next = q->next;
         q->next = NULL;
         q->state = R_DONE;
+        atomic_store_explicit(&q->done, 1, memory_order_release);
         wake |= q->waiting > 0;
         if (q->freed) {
             /* Never the last reference: the communicator holds one
@@ -388,6 +421,7 @@ static void *progress_main(void *arg)
 {
     weft__sched *s = arg;
     weft_comm *c = s->c; /* finalize joins this thread before freeing c */
+    int spun = 0;        /* idle_spin ran since the last work */
 
     pthread_mutex_lock(&s->mu);
     for (;;) {
@@ -395,6 +429,7 @@ static void *progress_main(void *arg)
             s->driving = 1;
             drive(s, c);
             s->driving = 0;
+            spun = 0;
             pthread_cond_broadcast(&s->cv);
             continue;
         }
@@ -414,6 +449,16 @@ static void *progress_main(void *arg)
             if (rc != WEFT_OK && rc != WEFT_ETIMEDOUT)
                 s->idle_off = 1; /* recorded; the next operation says so */
             pthread_cond_broadcast(&s->cv);
+            continue;
+        }
+        if (!spun && s->spin_ns > 0) {
+            /* The next post may come at once (a loop of post and wait). */
+            unsigned seen = atomic_load(&s->kicks);
+
+            spun = 1;
+            pthread_mutex_unlock(&s->mu);
+            idle_spin(s, &s->kicks, seen);
+            pthread_mutex_lock(&s->mu);
             continue;
         }
         pthread_cond_wait(&s->cv, &s->mu);
@@ -462,6 +507,7 @@ static void enqueue(weft__sched *s, weft_comm *c, weft_request *r)
     else
         s->head = r;
     s->tail = r;
+    atomic_fetch_add_explicit(&s->kicks, 1, memory_order_release);
     if (s->driving && s->head == r && c->x.tp != NULL)
         /* The thread sleeps in the transport between operations. */
         c->x.tpo->wake(c->x.tp);
@@ -544,6 +590,7 @@ int weft__request_done(weft_comm *c, int rc, weft_request **req)
                           "rank %d: no memory for a request", c->x.rank);
     r->s = s;
     r->state = R_DONE;
+    atomic_init(&r->done, 1);
     r->result = rc;
     pthread_mutex_lock(&s->mu);
     s->refs++;
@@ -570,6 +617,7 @@ void weft__sched_fini(weft_comm *c)
         return;
     pthread_mutex_lock(&s->mu);
     s->stop = 1;
+    atomic_fetch_add_explicit(&s->kicks, 1, memory_order_release);
     if (s->head != NULL)
         /* Pending requests end now, with WEFT_EABORTED. */
         atomic_store(&c->x.aborted, 1);
@@ -621,6 +669,8 @@ int weft_wait(weft_request *req)
     if (req == NULL)
         return WEFT_EINVAL;
     s = req->s;
+    if (!atomic_load_explicit(&req->done, memory_order_acquire))
+        idle_spin(s, &req->done, 0);
     pthread_mutex_lock(&s->mu);
     req->waiting++;
     while (req->state != R_DONE)

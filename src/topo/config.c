@@ -27,11 +27,12 @@
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
 
-/* The reducer thread (WEFT_REDUCE_THREAD unset) where this host has
- * WEFT__REDUCE_THREAD_CORES cores per rank it runs, counting the cores
- * this process may run on: the thread only helps where it has a core of
- * its own, and costs a little (a hand-off per frame) where it has not. */
-static int reduce_thread_default(const weft__config *cfg)
+/* 1 where this host has WEFT__REDUCE_THREAD_CORES cores per rank it
+ * runs, counting the cores this process may run on. Then the reducer
+ * thread (WEFT_REDUCE_THREAD unset) is used: it only helps where it has a
+ * core of its own, and costs a little (a hand-off per frame) where it has
+ * not; and the progress thread and weft_wait spin before they sleep. */
+static int spare_cores(const weft__config *cfg)
 {
     int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -338,7 +339,8 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         return rc;
     if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
         return rc;
-    cfg->reduce_thread = v >= 0 ? (int)v : reduce_thread_default(cfg);
+    cfg->spare_cores = spare_cores(cfg);
+    cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
 
     /* A wait polls (yielding the core between polls) this long before it
      * sleeps: measured faster for small operations both with a core per

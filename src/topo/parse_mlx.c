@@ -39,6 +39,11 @@
  *    error: two listeners cannot share it. The same ip with different
  *    ports is fine (ranks sharing a machine, e.g. 127.0.0.1:5000/5001).
  *  - there is no "transport" or "topology": both are left "" (defaults).
+ *
+ * weft_config.addrs (one "ip:port" per rank) is read as this form with one
+ * difference (mlx_group): consecutive ranks at one ip are one host, as the
+ * object form's "ranks": N, so they use shared memory and the collectives
+ * see the machine; every pair of hosts is joined by one link.
  */
 #include "topo/hostfile_int.h"
 
@@ -165,27 +170,30 @@ static int mlx_rank(hf_ctx *c, json_t *jr, size_t r, mlx_addrs *m,
 }
 
 /* One link per pair of ring neighbours and address index k (with two
- * ranks, one pair); with all_pairs (weft_config.addrs), one link between
- * every pair of ranks, at their first addresses. */
+ * ranks, one pair); with all_pairs (weft_config.addrs, grouped by
+ * mlx_group), one link between every pair of hosts, at their addresses. */
 static int mlx_links(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h,
                      int all_pairs)
 {
     size_t n = m->n, K = m->K, pairs = n == 2 ? 1 : n;
 
-    if (n < 2)
-        return WEFT_OK;
     if (all_pairs) {
-        size_t l = 0;
-        h->links = calloc(n * (n - 1) / 2, sizeof *h->links);
+        size_t l = 0, nh = (size_t)h->nhosts;
+        if (nh < 2)
+            return WEFT_OK;
+        h->links = calloc(nh * (nh - 1) / 2, sizeof *h->links);
         if (h->links == NULL)
             return weft__hf_nomem(c);
-        h->nlinks = (int)(n * (n - 1) / 2);
-        for (size_t a = 0; a < n; a++)
-            for (size_t b = a + 1; b < n; b++)
-                weft__hf_set_link(&h->links[l++], (int)a, m->ips[a * K], (int)b,
-                                  m->ips[b * K]);
+        h->nlinks = (int)(nh * (nh - 1) / 2);
+        for (size_t a = 0; a < nh; a++)
+            for (size_t b = a + 1; b < nh; b++)
+                weft__hf_set_link(&h->links[l++], (int)a,
+                                  h->hosts[a].local_addr, (int)b,
+                                  h->hosts[b].local_addr);
         return WEFT_OK;
     }
+    if (n < 2)
+        return WEFT_OK;
     h->links = calloc(pairs * K, sizeof *h->links);
     if (h->links == NULL)
         return weft__hf_nomem(c);
@@ -196,6 +204,42 @@ static int mlx_links(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h,
             weft__hf_set_link(&h->links[r * K + k], (int)r, m->ips[r * K + k],
                               (int)r1, m->ips[r1 * K + k]);
         }
+    return WEFT_OK;
+}
+
+/* weft_config.addrs: consecutive ranks at one ip share a machine, so they
+ * become one host of that many ranks (ports in rank order), whose ranks
+ * reach each other at that ip (their listeners are bound there, maybe not
+ * on loopback). Ranks at one ip that are not consecutive stay hosts of
+ * their own (a host's ranks are numbered consecutively). */
+static int mlx_group(hf_ctx *c, const mlx_addrs *m, weft__hostfile_out *h)
+{
+    int nh = 0;
+
+    for (size_t r = 0; r < m->n; r++) {
+        weft__host *g = nh > 0 ? &h->hosts[nh - 1] : NULL;
+
+        if (g != NULL && strcmp(m->ips[r * m->K], g->local_addr) == 0) {
+            int *p = realloc(g->ports, (size_t)(g->nranks + 1) * sizeof *p);
+            if (p == NULL)
+                return weft__hf_nomem(c);
+            g->ports = p;
+            g->ports[g->nranks++] = h->hosts[r].ports[0];
+            free(h->hosts[r].ports);
+            memset(&h->hosts[r], 0, sizeof h->hosts[r]);
+            snprintf(g->name, sizeof g->name, "ranks%zu-%zu",
+                     r + 1 - (size_t)g->nranks, r);
+            continue;
+        }
+        if ((size_t)nh != r) {
+            h->hosts[nh] = h->hosts[r];
+            memset(&h->hosts[r], 0, sizeof h->hosts[r]);
+        }
+        weft__hf_copy_str(h->hosts[nh].local_addr,
+                          sizeof h->hosts[nh].local_addr, m->ips[r * m->K]);
+        nh++;
+    }
+    h->nhosts = nh;
     return WEFT_OK;
 }
 
@@ -215,6 +259,8 @@ int weft__hf_parse_mlx(hf_ctx *c, json_t *root, int all_pairs,
         rc = weft__hf_nomem(c);
     for (size_t r = 0; r < m.n && rc == WEFT_OK; r++)
         rc = mlx_rank(c, json_array_get(root, r), r, &m, h);
+    if (rc == WEFT_OK && all_pairs)
+        rc = mlx_group(c, &m, h);
     if (rc == WEFT_OK) {
         h->nranks = (int)m.n;
         rc = mlx_links(c, &m, h, all_pairs);

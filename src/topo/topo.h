@@ -97,6 +97,9 @@ typedef struct {
     int nranks;
     int first_rank;
     int *ports; /* nranks entries: the port each local rank listens on */
+    /* Where its ranks reach each other: "" for 127.0.0.1; weft_config.addrs
+     * sets the ranks' own ip, since their listeners are bound there. */
+    char local_addr[64];
 } weft__host;
 
 /* Everything weft_init learns from the environment and the hostfile. */
@@ -116,6 +119,7 @@ typedef struct weft__config {
     size_t doubling_all_reduce_bytes; /* per rank, as the two below */
     size_t halving_all_reduce_bytes;
     size_t halving_fold_all_reduce_bytes;
+    int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
     char transport[16]; /* "tcp" or "ibverbs" */

@@ -81,8 +81,11 @@ def passed(outs):
 def test_every_operation_and_dtype(n):
     outs = launch(n, "ops")
     passed(outs)
-    # Without weftrun's hostfile every group bootstraps from the store.
+    # Without weftrun's hostfile every group bootstraps from the store, and
+    # the store's addresses of one host still give shared memory.
     assert "bootstrap default=store" in outs[0][1]
+    for r, (_, out) in enumerate(outs):
+        assert "shm segments=%d" % (n - 1) in out, "rank %d:\n%s" % (r, out[-3000:])
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -129,6 +132,7 @@ def test_under_weftrun():
     # The world group uses weftrun's hostfile; a subgroup and a second
     # world group, the store.
     assert out.count("bootstrap default=hostfile") == 3, out[-3000:]
+    assert out.count("shm segments=2") == 3, out[-3000:]
     assert "every=store" in out
 
 

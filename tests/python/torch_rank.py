@@ -241,10 +241,20 @@ def ddp(rank, size, steps=20, kill_at=None, timeout_s=30):
         raise AssertionError("DDP drifted from one process by %g" % diff)
 
 
+def shm_segments():
+    """weft's shared-memory segments this process maps (one per local
+    peer of each communicator)."""
+    with open("/proc/self/maps") as f:
+        return sum("memfd:weft-shm" in line for line in f)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "ops":
         rank, size = init()
+        # Ranks of one host talk through shared memory, however they
+        # bootstrapped (the store's addresses or weftrun's hostfile).
+        print("shm segments=%d" % shm_segments(), flush=True)
         ops(rank, size)
         groups(rank, size)
         dist.destroy_process_group()

@@ -837,16 +837,94 @@ Test(topology, mesh_rank_limit)
              "{\"topology\": \"mesh\", \"hosts\": [{\"name\": \"x\", "
              "\"ranks\": %d}], \"links\": []}",
              n);
-    cr_assert_eq(weft__hostfile_load_text("big.json", text, n, &h, msg,
-                                          sizeof msg),
-                 WEFT_ECONFIG);
+    cr_assert_eq(
+        weft__hostfile_load_text("big.json", text, n, &h, msg, sizeof msg),
+        WEFT_ECONFIG);
     cr_assert(strstr(msg, "at most 17 ranks") != NULL, "%s", msg);
     snprintf(text, sizeof text,
              "{\"hosts\": [{\"name\": \"x\", \"ranks\": %d}], \"links\": []}",
              n);
-    cr_assert_eq(weft__hostfile_load_text("big.json", text, n, &h, msg,
-                                          sizeof msg),
-                 WEFT_OK, "%s", msg);
+    cr_assert_eq(
+        weft__hostfile_load_text("big.json", text, n, &h, msg, sizeof msg),
+        WEFT_OK, "%s", msg);
     cr_assert_eq(weft__hostfile_mesh(&h, "auto", NULL, 0), 0);
     weft__hostfile_free(&h);
+}
+
+/* weft_config.addrs: consecutive ranks at one ip are one host (shared
+ * memory, and the collectives see the machine), reached at that ip;
+ * every pair of hosts is linked once. */
+Test(addrs, consecutive_ranks_at_one_ip_are_one_host)
+{
+    const char *addrs[] = {"10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:5000",
+                           "10.0.0.2:5001", "10.0.0.3:7000"};
+    weft__hostfile_out h;
+    char err[512];
+
+    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 5, &h,
+                                           err, sizeof err),
+                 WEFT_OK, "%s", err);
+    check_invariants(&h);
+    cr_assert_eq(h.nranks, 5);
+    cr_assert_eq(h.nhosts, 3);
+    cr_assert_eq(h.hosts[0].nranks, 2);
+    cr_assert_eq(h.hosts[1].nranks, 2);
+    cr_assert_eq(h.hosts[2].nranks, 1);
+    cr_assert_eq(h.hosts[0].ports[1], 5001);
+    cr_assert_eq(h.hosts[1].ports[0], 5000);
+    cr_assert_str_eq(h.hosts[1].local_addr, "10.0.0.2");
+    for (int r = 0; r < 5; r++)
+        cr_assert_eq(h.rank_host[r], r / 2, "rank %d", r);
+    cr_assert_eq(h.nlinks, 3, "one link per pair of hosts");
+    cr_assert_eq(linked(&h, 0, 2), 1);
+    cr_assert_eq(h.ring_reordered, 0, "ranks keep the caller's numbers");
+    weft__hostfile_free(&h);
+}
+
+Test(addrs, one_ip_is_one_host_without_links)
+{
+    const char *addrs[] = {"127.0.0.1:5000", "127.0.0.1:5001",
+                           "127.0.0.1:5002"};
+    weft__hostfile_out h;
+    char err[512];
+
+    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 3, &h,
+                                           err, sizeof err),
+                 WEFT_OK, "%s", err);
+    check_invariants(&h);
+    cr_assert_eq(h.nhosts, 1);
+    cr_assert_eq(h.hosts[0].nranks, 3);
+    cr_assert_eq(h.hosts[0].ports[2], 5002);
+    cr_assert_eq(h.nlinks, 0);
+    weft__hostfile_free(&h);
+}
+
+/* A host's ranks are numbered consecutively: an ip that comes back after
+ * another stays a host of its own (TCP between them, as before). */
+Test(addrs, ip_seen_again_later_is_another_host)
+{
+    const char *addrs[] = {"10.0.0.1:5000", "10.0.0.2:5000", "10.0.0.1:5001"};
+    weft__hostfile_out h;
+    char err[512];
+
+    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 3, &h,
+                                           err, sizeof err),
+                 WEFT_OK, "%s", err);
+    check_invariants(&h);
+    cr_assert_eq(h.nhosts, 3);
+    cr_assert_eq(h.nlinks, 3);
+    cr_assert_eq(h.rank_host[2], 2);
+    weft__hostfile_free(&h);
+}
+
+Test(addrs, same_ip_and_port_twice_is_refused)
+{
+    const char *addrs[] = {"10.0.0.1:5000", "10.0.0.1:5000"};
+    weft__hostfile_out h;
+    char err[512];
+
+    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 2, &h,
+                                           err, sizeof err),
+                 WEFT_ECONFIG);
+    cr_assert(strstr(err, "already") != NULL, "%s", err);
 }

@@ -102,7 +102,9 @@ static int plan_slots(tcp_tp *tp, int W, int W_local)
                 slot *s = &tp->peers[p].s[n];
                 s->link = WEFT__LINK_LOOPBACK;
                 s->lwire = (uint32_t)w;
-                strcpy(s->addr, "127.0.0.1");
+                const char *la = cfg->hosts[hm].local_addr;
+                snprintf(s->addr, sizeof s->addr, "%s",
+                         la[0] != '\0' ? la : "127.0.0.1");
             }
         } else {
             for (int l = 0; l < cfg->nlinks; l++) {
