@@ -175,6 +175,7 @@ struct shm_tp {
     unsigned tcp_ends; /* weft__tcp_ends when last looked at */
     uint64_t spin_ns;
     uint64_t tcp_ns;    /* when the TCP side was last polled */
+    unsigned passes;    /* tcp_due's count */
     int oversubscribed; /* more ranks on this host than cores */
     int tcp_data;       /* the TCP side carries data (other hosts, relays) */
     /* wake(): woken is raised for a spinning progress(), and the TCP
