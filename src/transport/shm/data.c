@@ -74,6 +74,34 @@ static void poke(shm_wire *w)
                  (const struct sockaddr *)&w->doorbell, w->doorbell_len);
 }
 
+/* The consumer's side of the wake-up: after moving the ring's tail (or
+ * cma_done), wakes the producer only if it said it waits for that. The
+ * producer raises want, then (a full fence) looks at the ring once more;
+ * the consumer moves the ring, then (a full fence, in poke) looks at want:
+ * one of them sees the other. */
+static void poke_producer(shm_wire *w)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&w->rx->want, memory_order_relaxed) != 0)
+        poke(w);
+}
+
+/* The producer's side: raises tx->want (a full fence) while it waits for
+ * the consumer, lowers it once it waits for nothing. Returns 1 when it
+ * was just raised, so the caller looks at the ring once more. */
+static int set_want(shm_wire *w, int v)
+{
+    if (w->want == v)
+        return 0;
+    w->want = v;
+    if (v) {
+        atomic_store(&w->tx->want, 1); /* seq_cst: before the next look */
+        return 1;
+    }
+    atomic_store_explicit(&w->tx->want, 0, memory_order_relaxed);
+    return 0;
+}
+
 /* ---- sending ---- */
 
 /* Copies len bytes into the ring at position pos (which may wrap). */
@@ -119,8 +147,13 @@ static int tx_pump(shm_wire *w)
 
         if (use_cma(w, x)) {
             size_t n = left < SHM_CMA_MAX_RECORD ? left : SHM_CMA_MAX_RECORD;
-            if (room < SHM_REC_HDR)
+            if (room < SHM_REC_HDR) {
+                if (set_want(w, 1)) {
+                    tail = atomic_load(&w->tx->tail);
+                    continue;
+                }
                 break;
+            }
             put_header(w, head, REC_CMA, (uint32_t)n,
                        (uint64_t)(uintptr_t)(x->buf + w->sq_off));
             head += SHM_REC_HDR;
@@ -134,8 +167,13 @@ static int tx_pump(shm_wire *w)
             /* An inline record: its header and as many bytes as fit, but
              * not a sliver when more will fit once the peer has read. */
             size_t want = left < R / 4 ? left : R / 4, n;
-            if (room < SHM_REC_HDR + pad16(want))
+            if (room < SHM_REC_HDR + pad16(want)) {
+                if (set_want(w, 1)) {
+                    tail = atomic_load(&w->tx->tail);
+                    continue;
+                }
                 break;
+            }
             n = room - SHM_REC_HDR;
             n = n & ~(size_t)15;
             if (n > left)
@@ -154,10 +192,13 @@ static int tx_pump(shm_wire *w)
         if (w->sq_head == NULL)
             w->sq_tail = NULL;
         w->sq_off = 0;
-        if (w->wq_head != NULL || use_cma(w, x))
+        if (w->wq_head != NULL || use_cma(w, x)) {
+            /* tx_reap, after this, looks at cma_done. */
+            set_want(w, 1);
             weft__xq_push(&w->wq_head, &w->wq_tail, x);
-        else
+        } else {
             complete(tp, x);
+        }
     }
     if (head == h0)
         return 0;
@@ -173,7 +214,7 @@ static void tx_reap(shm_wire *w)
 
     if (w->wq_head == NULL)
         return;
-    done = atomic_load_explicit(&w->tx->cma_done, memory_order_acquire);
+    done = atomic_load(&w->tx->cma_done); /* seq_cst: after want (set_want) */
     while (w->wq_head != NULL && (uint64_t)w->wq_head->got <= done) {
         weft__xfer *x = w->wq_head;
 
@@ -332,7 +373,7 @@ static int rx_pump(shm_wire *w)
     atomic_store_explicit(&w->rx->tail, tail, memory_order_release);
     if (cma != 0)
         atomic_fetch_add_explicit(&w->rx->cma_done, cma, memory_order_release);
-    poke(w);
+    poke_producer(w);
     return 1;
 }
 
@@ -402,6 +443,8 @@ static int shm_pass(shm_tp *tp, int with_tcp)
         if (w->sq_head != NULL)
             tx_pump(w);
         tx_reap(w);
+        if (w->sq_head == NULL && w->wq_head == NULL)
+            set_want(w, 0);
         if (w->rq_head != NULL && (rc = rx_pump(w)) < 0)
             return rc;
         if (w->dead && (rc = judge_dead(w)) != 0)

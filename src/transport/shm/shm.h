@@ -75,7 +75,7 @@
 #include <sys/un.h>
 
 #define SHM_MAGIC 0x4d534657u /* "WFSM" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_HELLO_BYTES 128
 #define SHM_DONE_BYTES 16
 #define SHM_FD_MSG_BYTES 24
@@ -97,6 +97,10 @@ typedef struct {
     /* One-copy records the consumer has read (the producer's frames that
      * they name complete then). */
     _Alignas(SHM_CACHE_LINE) _Atomic uint64_t cma_done;
+    /* The producer waits for the consumer: for room (frames queued that
+     * the ring cannot take) or for one-copy reads. Only then does the
+     * consumer's progress wake it; else a wake-up would be for nothing. */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t want;
 } shm_ring;
 
 /* The segment's header: side 0 is the lower rank of the pair. */
@@ -146,6 +150,7 @@ typedef struct shm_wire {
     size_t sq_off;
     weft__xfer *wq_head, *wq_tail;
     uint64_t cma_posted;
+    int want; /* what this rank last stored in tx->want */
     /* Receives: posted frames, oldest first; r_off bytes of the record at
      * the ring's tail already handed out. */
     weft__xfer *rq_head, *rq_tail;
