@@ -27,6 +27,9 @@
 #define HDR_BYTES 52
 /* The bytes ranks must agree on; the hint after them may differ. */
 #define HDR_MATCH_BYTES 48
+/* A wire's first data frame of a pass, up to this size, travels in one
+ * transfer with the header before it (see "headers" below). */
+#define HDR_DATA_BYTES 1024
 /* The tag of a header on a check channel, and of a relayed message's. */
 #define TAG_CHECK 0xffffu
 #define TAG_RELAY 0xfffeu
@@ -68,7 +71,8 @@ typedef struct frame {
     weft__xfer x; /* what the transport hands back (container_of) */
     struct wstate *ws;
     int step;
-    int hdr;  /* a channel header, not data */
+    int hdr;  /* 1: a channel header, not data; 2 (sends only): a header
+                 and the wire's first data frame behind it */
     size_t a; /* offset in the step's buffer */
     size_t len;
     int slot; /* staging slot of a reduced frame, -1 if none */
@@ -101,7 +105,7 @@ typedef struct wstate {
     frame s_fr[FIFO_CAP];
     frame r_fr[FIFO_CAP];
     rframe rj[FIFO_CAP];
-    uint8_t s_hdrbuf[HDR_BYTES];
+    uint8_t s_hdrbuf[HDR_BYTES + HDR_DATA_BYTES];
     uint8_t r_hdrbuf[HDR_BYTES];
 } wstate;
 
@@ -283,6 +287,16 @@ int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
  * with its own before it uses a byte after it, so ranks that called
  * different things fail with WEFT_EMISMATCH, and bytes an earlier
  * mismatched call left on a wire never pass for a later call's.
+ *
+ * A wire's first data frame of a pass, where it is at most HDR_DATA_BYTES
+ * and its bytes are ready, leaves in the same transfer as the header: the
+ * sender copies it behind the header (a post and a completion fewer for
+ * small operations). A wire is a byte stream (transport.h), so the bytes
+ * are the same as with two transfers and the receiver needs to know
+ * nothing of it. The receiver still takes the header alone: were it to
+ * wait for the header and the frame in one transfer, a peer that called
+ * with a smaller count would never send them all, and this rank would
+ * report the peer's leaving (or its deadline) instead of the mismatch.
  *
  * After what must match, a header carries the sender's hint (engine.h,
  * weft__call.hint): a receiver keeps the smaller of its own and the one
@@ -651,17 +665,28 @@ static void pump_send(run *r, int lane, wstate *ws)
             ws->s_frame = 0;
             continue;
         }
+        flen = weft__plan_frame_len(reg.len, r->frame, ws->s_frame);
+        a = reg.off + ws->s_frame * r->frame;
+        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (!ws->s_hdr) {
             ophdr h = lane_hdr(r, lane, 1);
             hdr_encode(ws->s_hdrbuf, &h);
             ws->s_hdr = 1;
+            if (flen <= HDR_DATA_BYTES &&
+                (st->send_dep < 0 ||
+                 recv_ready(r, lane, st->send_dep, a, a + flen))) {
+                /* The stream carries the same bytes either way. */
+                memcpy(ws->s_hdrbuf + HDR_BYTES, st->send_buf + a, flen);
+                if (post(r, ws, 1, ws->s_step, 2, (char *)ws->s_hdrbuf, a,
+                         HDR_BYTES + flen, -1) != 0)
+                    break;
+                ws->s_frame++;
+                continue;
+            }
             post(r, ws, 1, ws->s_step, 1, (char *)ws->s_hdrbuf, 0, HDR_BYTES,
                  -1);
             continue;
         }
-        flen = weft__plan_frame_len(reg.len, r->frame, ws->s_frame);
-        a = reg.off + ws->s_frame * r->frame;
-        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (st->send_dep >= 0 &&
             !recv_ready(r, lane, st->send_dep, a, a + flen))
             break;
@@ -689,15 +714,15 @@ static void pump_recv(run *r, int lane, wstate *ws)
             ws->r_frame = 0;
             continue;
         }
+        flen = weft__plan_frame_len(reg.len, r->frame, ws->r_frame);
+        a = reg.off + ws->r_frame * r->frame;
+        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (!ws->r_hdr) {
             ws->r_hdr = 1;
             post(r, ws, 0, ws->r_step, 1, (char *)ws->r_hdrbuf, 0, HDR_BYTES,
                  -1);
             continue;
         }
-        flen = weft__plan_frame_len(reg.len, r->frame, ws->r_frame);
-        a = reg.off + ws->r_frame * r->frame;
-        assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (st->recv_a != NULL) {
             slot = ws->r_slot;
             ws->r_slot = (ws->r_slot + 1) % r->rdepth;
