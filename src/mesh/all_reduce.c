@@ -13,14 +13,14 @@
 static int all_gather(weft__task *t)
 {
     const weft__args *a = &t->a;
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t es = weft_dtype_size(a->dtype);
-    const weft__region mine = weft__plan_chunk(a->count, n, t->c->rank);
+    const weft__region mine = weft__plan_chunk(a->count, n, t->g.me);
     const size_t mbytes = mine.len * es;
     char *rb = a->recvbuf;
     weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
 
-    memcpy(t->scratch + (size_t)t->c->rank * mbytes,
+    memcpy(t->scratch + (size_t)t->g.me * mbytes,
            (const char *)a->sendbuf + mine.off * es, mbytes);
     weft__reduce_ranks(rb + mine.off * es, t->scratch, n, mine.len, a->dtype,
                        a->op);
@@ -35,9 +35,9 @@ static int all_gather(weft__task *t)
 int weft__mesh_all_reduce(weft__task *t)
 {
     const weft__args *a = &t->a;
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t es = weft_dtype_size(a->dtype);
-    const weft__region mine = weft__plan_chunk(a->count, n, t->c->rank);
+    const weft__region mine = weft__plan_chunk(a->count, n, t->g.me);
     const size_t mbytes = mine.len * es;
     const char *sb = a->sendbuf;
     weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
