@@ -3,7 +3,7 @@
 
 int weft__barrier(weft__task *t, weft__algo_fn gather)
 {
-    const int n = t->c->nranks, me = t->c->rank;
+    const int n = t->g.n, me = t->g.me;
     uint8_t *flags;
     weft__args a = {0};
     int rc;

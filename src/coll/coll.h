@@ -9,7 +9,10 @@
  * An algorithm posts its task (task.h): it starts the task's first pass
  * and names the part that runs once that pass completed, and returns
  * without waiting. Arguments are already validated, counts are > 0 and the
- * job has >= 2 ranks.
+ * job has >= 2 ranks. An algorithm runs among the members of its task's
+ * group (t->g, task.h: the whole job, or one phase's ranks of a
+ * hierarchical call): "rank", "n", blocks, chunks and a root are members
+ * and their number, and only lane peers are real ranks.
  */
 #ifndef WEFT_COLL_H
 #define WEFT_COLL_H

@@ -24,8 +24,8 @@ static int swap(weft__task *t)
     weft__op_init(&op, a->dtype, a->op);
     op.nlanes = 1;
     st = weft__op_steps(&op, 0, 1);
-    op.lanes[0].send_peer = t->c->rank ^ t->round;
-    op.lanes[0].recv_peer = t->c->rank ^ t->round;
+    op.lanes[0].send_peer = weft__group_rank(&t->g, t->g.me ^ t->round);
+    op.lanes[0].recv_peer = weft__group_rank(&t->g, t->g.me ^ t->round);
     if (st != NULL) {
         st[0].send_buf = a->recvbuf;
         st[0].send_len = bytes;
@@ -39,13 +39,13 @@ static int combine(weft__task *t)
 {
     const weft__args *a = &t->a;
 
-    if (t->c->rank < (t->c->rank ^ t->round))
+    if (t->g.me < (t->g.me ^ t->round))
         weft__reduce(a->recvbuf, t->scratch, a->count, a->dtype, a->op);
     else
         weft__reduce3(a->recvbuf, t->scratch, a->recvbuf, a->count, a->dtype,
                       a->op);
     t->round <<= 1;
-    if (t->round >= t->c->nranks)
+    if (t->round >= t->g.n)
         return WEFT_OK;
     t->next = combine;
     return swap(t);

@@ -7,7 +7,7 @@ static int reduce_gathered(weft__task *t)
 {
     const weft__args *a = &t->a;
 
-    weft__reduce_ranks(a->recvbuf, t->scratch, t->c->nranks, a->count, a->dtype,
+    weft__reduce_ranks(a->recvbuf, t->scratch, t->g.n, a->count, a->dtype,
                        a->op);
     return WEFT_OK;
 }
@@ -19,7 +19,7 @@ int weft__gather_reduce(weft__task *t, weft__algo_fn gather)
     weft__args g = *a;
     int rc;
 
-    if ((rc = weft__scratch(t->c, bytes * (size_t)t->c->nranks,
+    if ((rc = weft__scratch(t->c, bytes * (size_t)t->g.n,
                             (void **)&t->scratch)) != 0)
         return rc;
     g.recvbuf = t->scratch;

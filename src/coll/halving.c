@@ -25,7 +25,7 @@ static int halving_round(weft__task *t)
     const weft__args *a = &t->a;
     const size_t es = weft_dtype_size(a->dtype);
     const weft__halving_round hr =
-        weft__plan_halving(a->count, t->c->nranks, t->c->rank, t->round);
+        weft__plan_halving(a->count, t->g.n, t->g.me, t->round);
     /* Where this rank's own elements are: its input until the first round
      * that moves them, then its result buffer (in place, the same). */
     const char *own = hr.from_input ? a->sendbuf : a->recvbuf;
@@ -37,8 +37,8 @@ static int halving_round(weft__task *t)
         weft__step *st = weft__op_steps(&op, 0, 1);
 
         op.nlanes = 1;
-        op.lanes[0].send_peer = hr.send_peer;
-        op.lanes[0].recv_peer = hr.recv_peer;
+        op.lanes[0].send_peer = weft__group_rank(&t->g, hr.send_peer);
+        op.lanes[0].recv_peer = weft__group_rank(&t->g, hr.recv_peer);
         if (st != NULL) {
             st[0].send_buf = own + hr.send.off * es;
             st[0].send_len = hr.send.len * es;
@@ -47,7 +47,7 @@ static int halving_round(weft__task *t)
             st[0].recv_len = hr.recv.len * es;
         }
     }
-    if (++t->round < weft__plan_halving_rounds(t->c->nranks))
+    if (++t->round < weft__plan_halving_rounds(t->g.n))
         t->next = halving_round;
     return weft__task_pass(t, &op, NULL);
 }

@@ -6,6 +6,7 @@
  */
 #include "core/select.h"
 
+#include "coll/hier.h"
 #include "engine/plan.h"
 #include "mesh/mesh.h"
 #include "ring/ring.h"
@@ -32,6 +33,9 @@ enum {
     UPTO_HALVING,    /* count * elem (per rank) <= halving_all_reduce_bytes
                         (power-of-two jobs) or halving_fold_all_reduce_bytes
                         (others); see size_fits */
+    FROM_HIER,       /* hosts with several ranks each (cfg->hier_local),
+                        WEFT_HIER on, count * elem (per rank) >=
+                        hier_all_reduce_bytes and count >= nranks */
 };
 
 static int ring_gather_reduce(weft__task *t)
@@ -60,12 +64,17 @@ static const struct algo_row {
     int sizes;
     weft__algo_fn run;
 } algos[] = {
-    /* Small all_reduce: gather every input and reduce locally, in one
-     * exchange where every pair is wired (recursive doubling among one
-     * host's ranks when their number is a power of two), else in n-1 ring
-     * steps. Mid sizes among one host's ranks: recursive halving +
-     * doubling, 2 log2(n) rounds where the ring has 2n-2 dependent steps.
-     * Large: reduce-scatter + all-gather, direct or around the ring. */
+    /* Large, where hosts run several ranks each: hierarchical (within
+     * each host, across the hosts, within each host), whatever the
+     * topology (it runs the mesh or the ring across the hosts). Small
+     * all_reduce: gather every input and reduce locally, in one exchange
+     * where every pair is wired (recursive doubling among one host's
+     * ranks when their number is a power of two), else in n-1 ring steps.
+     * Mid sizes among one host's ranks: recursive halving + doubling,
+     * 2 log2(n) rounds where the ring has 2n-2 dependent steps. Large:
+     * reduce-scatter + all-gather, direct or around the ring. */
+    {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER,
+     weft__hier_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, UPTO_MESH_SMALL, mesh_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, ANY_SIZE, weft__mesh_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_DOUBLING, weft__doubling_all_reduce},
@@ -135,6 +144,12 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
                a->count >= (size_t)c->nranks &&
                bytes <= (pow2 ? c->cfg->halving_all_reduce_bytes
                               : c->cfg->halving_fold_all_reduce_bytes);
+    case FROM_HIER:
+        /* An element per rank: every chunk of every phase holds one, so
+         * every pass moves data and compares the ranks' calls. */
+        return c->cfg->hier && c->cfg->hier_local >= 2 &&
+               bytes >= c->cfg->hier_all_reduce_bytes &&
+               a->count >= (size_t)c->nranks;
     default:
         return 1;
     }

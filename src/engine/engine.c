@@ -916,6 +916,8 @@ static void plan_checks(run *r)
     const weft__ctx *c = r->c;
     const weft__op *op = &r->op;
     int cand[2 * WEFT__MAX_LANES + WEFT__MESH_MAX_RANKS + 2], ncand = 0;
+    const weft__group g =
+        op->group.n > 0 ? op->group : (weft__group){c->nranks, c->rank, 0, 1};
 
     if (r->k->kind == WEFT__OP_P2P)
         return;
@@ -924,13 +926,12 @@ static void plan_checks(run *r)
         cand[ncand++] = op->lanes[l].recv_peer;
     }
     if (op->check == WEFT__CHECK_RING) {
-        cand[ncand++] = (c->rank + 1) % c->nranks;
-        cand[ncand++] = (c->rank + c->nranks - 1) % c->nranks;
-    } else if (op->check == WEFT__CHECK_ALL &&
-               c->nranks <= WEFT__MESH_MAX_RANKS) {
-        for (int p = 0; p < c->nranks; p++)
-            if (p != c->rank)
-                cand[ncand++] = p;
+        cand[ncand++] = weft__group_rank(&g, (g.me + 1) % g.n);
+        cand[ncand++] = weft__group_rank(&g, (g.me + g.n - 1) % g.n);
+    } else if (op->check == WEFT__CHECK_ALL && g.n <= WEFT__MESH_MAX_RANKS) {
+        for (int p = 0; p < g.n; p++)
+            if (p != g.me)
+                cand[ncand++] = weft__group_rank(&g, p);
     }
     for (int i = 0; i < ncand; i++) {
         int p = cand[i], dup = 0, sends = 0, recvs = 0;

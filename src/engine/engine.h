@@ -119,16 +119,37 @@ _Static_assert(WEFT__MAX_LANES >= WEFT__MESH_MAX_RANKS - 1,
 
 /* Which peers a collective pass compares its call with (besides those it
  * moves data to or from, which it always does, both ways): none more, its
- * two ring neighbours, or every peer. Every rank of a pass must name a set
- * that does not depend on the call's arguments (root, count), so that
- * ranks whose calls differ still meet and see it. */
+ * two ring neighbours, or every peer (of the op's group). Every rank of a
+ * pass must name a set that does not depend on the call's arguments (root,
+ * count), so that ranks whose calls differ still meet and see it. */
 enum { WEFT__CHECK_LANES = 0, WEFT__CHECK_RING, WEFT__CHECK_ALL };
+
+/* The ranks an algorithm runs among: the whole job, or a part of it (the
+ * ranks of one host, or one rank of each host, for the hierarchical
+ * algorithms). Member pos (0 <= pos < n) is real rank base + pos * stride;
+ * this rank is member me. Algorithms number ranks, blocks and chunks by
+ * member, and name real ranks only in lane peers (weft__group_rank). */
+typedef struct weft__group {
+    int n;
+    int me;
+    int base;
+    int stride;
+} weft__group;
+
+/* The real rank of member pos of g, or -1 for pos -1 (no peer). */
+static inline int weft__group_rank(const weft__group *g, int pos)
+{
+    return pos < 0 ? -1 : g->base + pos * g->stride;
+}
 
 /* What one engine pass moves: lanes of steps. What it is part of (kind,
  * name, count, root, number) is its call (weft__call), which every header
  * carries. */
 typedef struct {
     int check; /* WEFT__CHECK_* */
+    /* The ranks that `check` names its ring neighbours or every peer
+     * among; n == 0 (as weft__op_init leaves it): the whole job. */
+    weft__group group;
     weft_dtype dtype;
     weft_redop redop;
     size_t esize;

@@ -11,14 +11,22 @@ void weft__task_init(weft__task *t, weft__ctx *c, weft__call *k,
     t->c = c;
     t->k = k;
     t->a = *a;
+    t->g = (weft__group){c->nranks, c->rank, 0, 1};
 }
 
 int weft__task_pass(weft__task *t, weft__op *op, const weft__relay *relay)
 {
+    op->group = t->g;
     return weft__pass_start(t->c, t->k, op, relay, &t->pass);
 }
 
 int weft__task_sub(weft__task *t, const weft__args *a, weft__task_fn post)
+{
+    return weft__task_sub_in(t, &t->g, a, post);
+}
+
+int weft__task_sub_in(weft__task *t, const weft__group *g, const weft__args *a,
+                      weft__task_fn post)
 {
     weft__task *s = malloc(sizeof *s);
     int rc;
@@ -27,6 +35,7 @@ int weft__task_sub(weft__task *t, const weft__args *a, weft__task_fn post)
         return weft__set_error(t->c, WEFT_ENOMEM, "rank %d: %s: out of memory",
                                t->c->rank, t->k->name);
     weft__task_init(s, t->c, t->k, a);
+    s->g = *g;
     if ((rc = post(s)) != WEFT_OK) {
         free(s);
         return rc;

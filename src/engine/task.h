@@ -33,6 +33,10 @@ struct weft__task {
     weft__ctx *c;
     weft__call *k; /* its call: deadline, and what ranks match on */
     weft__args a;
+    /* The ranks the algorithm runs among (engine.h): the whole job unless
+     * the task is one phase of a hierarchical call. Its blocks, chunks and
+     * root are numbered by member. */
+    weft__group g;
     weft__task_fn next; /* once pass (or sub) completed; NULL: done */
     weft__pass *pass;   /* in flight, or NULL */
     weft__task *sub;    /* a task this one waits for, or NULL */
@@ -42,16 +46,22 @@ struct weft__task {
     int via_scratch;
 };
 
-/* Starts a task of call k with arguments a on c (nothing posted yet). */
+/* Starts a task of call k with arguments a on c, among the whole job
+ * (nothing posted yet). */
 void weft__task_init(weft__task *t, weft__ctx *c, weft__call *k,
                      const weft__args *a);
 
-/* Starts op as t's pass (see weft__pass_start). */
+/* Starts op as t's pass (see weft__pass_start), its checks among t's
+ * group. */
 int weft__task_pass(weft__task *t, weft__op *op, const weft__relay *relay);
 
-/* Starts a sub-task of the same call on arguments a with algorithm post;
- * t waits for it as for a pass. */
+/* Starts a sub-task of the same call on arguments a with algorithm post,
+ * among t's group; t waits for it as for a pass. */
 int weft__task_sub(weft__task *t, const weft__args *a, weft__task_fn post);
+
+/* The same among the ranks of group g instead. */
+int weft__task_sub_in(weft__task *t, const weft__group *g, const weft__args *a,
+                      weft__task_fn post);
 
 /* Tests what t has in flight and runs its next parts while they complete:
  * WEFT__PENDING while something is in flight, WEFT_OK once t is done, or

@@ -5,15 +5,14 @@
 
 int weft__mesh_all_gather(weft__task *t)
 {
-    const weft__ctx *c = t->c;
     const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    char *rb = a->recvbuf, *own = rb + (size_t)c->rank * bytes;
+    char *rb = a->recvbuf, *own = rb + (size_t)t->g.me * bytes;
     weft__peer_io io[WEFT__MESH_MAX_RANKS] = {{0}};
 
     if ((const char *)a->sendbuf != own)
         memmove(own, a->sendbuf, bytes);
-    for (int p = 0; p < c->nranks; p++)
+    for (int p = 0; p < t->g.n; p++)
         io[p] = (weft__peer_io){own, bytes, rb + (size_t)p * bytes, bytes};
     return weft__mesh_exchange(t, io);
 }

@@ -7,7 +7,7 @@
  * all and only sends its own. */
 static int all_gather(weft__task *t)
 {
-    const int n = t->c->nranks, me = t->c->rank, root = t->a.root;
+    const int n = t->g.n, me = t->g.me, root = t->a.root;
     const size_t es = weft_dtype_size(t->a.dtype);
     const weft__region mine = weft__plan_chunk(t->a.count, n, me);
     char *b = t->a.recvbuf;
@@ -24,7 +24,7 @@ static int all_gather(weft__task *t)
 
 int weft__mesh_broadcast(weft__task *t)
 {
-    const int n = t->c->nranks, me = t->c->rank, root = t->a.root;
+    const int n = t->g.n, me = t->g.me, root = t->a.root;
     const size_t es = weft_dtype_size(t->a.dtype), bytes = t->a.count * es;
     const weft__region mine = weft__plan_chunk(t->a.count, n, me);
     char *b = t->a.recvbuf;

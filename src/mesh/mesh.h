@@ -16,6 +16,18 @@
  * bits. */
 int weft__mesh_all_reduce(weft__task *t);
 
+/* The parts of the large all_reduce, for the hierarchical one (which runs
+ * another all_reduce of this member's chunk between the second and the
+ * third): chunks_scatter starts the pass that sends chunk p
+ * (weft__plan_chunk of count over the members) of sendbuf to member p and
+ * lands every peer's copy of this member's chunk in scratch;
+ * chunks_reduce, once it completed, reduces them in member order into
+ * this member's chunk of recvbuf; chunks_gather starts the pass that
+ * sends that chunk to every peer while theirs land in recvbuf. */
+int weft__mesh_chunks_scatter(weft__task *t);
+void weft__mesh_chunks_reduce(weft__task *t);
+int weft__mesh_chunks_gather(weft__task *t);
+
 /* One exchange: this rank's block to every peer, every peer's block into
  * recvbuf. */
 int weft__mesh_all_gather(weft__task *t);

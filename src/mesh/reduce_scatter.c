@@ -11,9 +11,9 @@ static int reduce_parts(weft__task *t)
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
     const char *sb = a->sendbuf;
 
-    memcpy(t->scratch + (size_t)t->c->rank * bytes,
-           sb + (size_t)t->c->rank * bytes, bytes);
-    weft__reduce_ranks(a->recvbuf, t->scratch, t->c->nranks, a->count, a->dtype,
+    memcpy(t->scratch + (size_t)t->g.me * bytes, sb + (size_t)t->g.me * bytes,
+           bytes);
+    weft__reduce_ranks(a->recvbuf, t->scratch, t->g.n, a->count, a->dtype,
                        a->op);
     return WEFT_OK;
 }
@@ -29,10 +29,10 @@ int weft__mesh_reduce_scatter(weft__task *t)
     /* Every rank's copy of this rank's block lands in scratch, in rank
      * order; sendbuf is only read, and recvbuf (which may lie inside it)
      * is written only once every send has completed. */
-    if ((rc = weft__scratch(t->c, bytes * (size_t)t->c->nranks,
+    if ((rc = weft__scratch(t->c, bytes * (size_t)t->g.n,
                             (void **)&t->scratch)) != 0)
         return rc;
-    for (int p = 0; p < t->c->nranks; p++)
+    for (int p = 0; p < t->g.n; p++)
         io[p] = (weft__peer_io){sb + (size_t)p * bytes, bytes,
                                 t->scratch + (size_t)p * bytes, bytes};
     t->next = reduce_parts;

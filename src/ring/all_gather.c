@@ -8,7 +8,7 @@ static void all_gather_fill(const weft__task *t, const weft__ring_lane *rl,
                             weft__lane *lane, weft__step *st)
 {
     const weft__args *a = &t->a;
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t es = weft_dtype_size(a->dtype), bytes = a->count * es;
     char *rb = a->recvbuf;
 
@@ -29,12 +29,12 @@ int weft__ring_all_gather(weft__task *t)
 {
     const weft__args *a = &t->a;
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    char *own = (char *)a->recvbuf + (size_t)t->c->rank * bytes;
+    char *own = (char *)a->recvbuf + (size_t)t->g.me * bytes;
 
     /* Every send reads recvbuf, so the rank's own block goes there first
      * (memmove: in the in-place forms the two may overlap). */
     if ((const char *)a->sendbuf != own)
         memmove(own, a->sendbuf, bytes);
-    return weft__ring_post(t, bytes * (size_t)t->c->nranks, t->c->nranks - 1,
+    return weft__ring_post(t, bytes * (size_t)t->g.n, t->g.n - 1,
                            all_gather_fill);
 }

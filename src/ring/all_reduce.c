@@ -12,7 +12,7 @@ static void all_reduce_fill(const weft__task *t, const weft__ring_lane *rl,
                             weft__lane *lane, weft__step *st)
 {
     const weft__args *a = &t->a;
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t es = weft_dtype_size(a->dtype);
     const char *sb = a->sendbuf;
     char *rb = a->recvbuf;
@@ -40,5 +40,5 @@ static void all_reduce_fill(const weft__task *t, const weft__ring_lane *rl,
 int weft__ring_all_reduce(weft__task *t)
 {
     return weft__ring_post(t, t->a.count * weft_dtype_size(t->a.dtype),
-                           2 * t->c->nranks - 2, all_reduce_fill);
+                           2 * t->g.n - 2, all_reduce_fill);
 }

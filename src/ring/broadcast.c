@@ -5,13 +5,12 @@
 static void broadcast_fill(const weft__task *t, const weft__ring_lane *rl,
                            weft__lane *lane, weft__step *st)
 {
-    const weft__ctx *c = t->c;
     const weft__args *a = &t->a;
-    const int n = c->nranks;
+    const int n = t->g.n, me = t->g.me;
     const size_t es = weft_dtype_size(a->dtype);
     char *b = a->recvbuf;
-    int pos = rl->d == 0 ? weft__ring_mod(c->rank - a->root, n)
-                         : weft__ring_mod(a->root - c->rank, n);
+    int pos = rl->d == 0 ? weft__ring_mod(me - a->root, n)
+                         : weft__ring_mod(a->root - me, n);
 
     if (pos == 0)
         lane->recv_peer = -1;

@@ -18,7 +18,8 @@ int weft__ring_post(weft__task *t, size_t nbytes, int nsteps,
 {
     const weft__ctx *c = t->c;
     const weft__args *a = &t->a;
-    const int n = c->nranks;
+    const weft__group *g = &t->g;
+    const int n = g->n, me = g->me;
     weft__op op;
     size_t off = 0;
 
@@ -30,7 +31,7 @@ int weft__ring_post(weft__task *t, size_t nbytes, int nsteps,
         weft__step *st = weft__op_steps(&op, d, nsteps);
         weft__ring_lane rl = {
             .d = d,
-            .v = d == 0 ? c->rank : weft__ring_mod(n - c->rank, n),
+            .v = d == 0 ? me : weft__ring_mod(n - me, n),
             .m = op.nlanes == 1 ? a->count
                                 : weft__plan_chunk(a->count, 2, d).len,
             .off = off,
@@ -38,8 +39,8 @@ int weft__ring_post(weft__task *t, size_t nbytes, int nsteps,
 
         /* Direction 0 sends right and receives from the left; 1 the
          * other way round. */
-        lane->send_peer = (c->rank + (d == 0 ? 1 : n - 1)) % n;
-        lane->recv_peer = (c->rank + (d == 0 ? n - 1 : 1)) % n;
+        lane->send_peer = weft__group_rank(g, (me + (d == 0 ? 1 : n - 1)) % n);
+        lane->recv_peer = weft__group_rank(g, (me + (d == 0 ? n - 1 : 1)) % n);
         lane->tag = d;
         if (st != NULL)
             fill(t, &rl, lane, st);

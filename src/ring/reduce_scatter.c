@@ -8,7 +8,7 @@ static void reduce_scatter_fill(const weft__task *t, const weft__ring_lane *rl,
                                 weft__lane *lane, weft__step *st)
 {
     const weft__args *a = &t->a;
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t es = weft_dtype_size(a->dtype), bytes = a->count * es;
     const char *sb = a->sendbuf;
 
@@ -37,13 +37,13 @@ static int copy_result(weft__task *t)
 {
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
 
-    memmove(t->a.recvbuf, t->scratch + (size_t)t->c->rank * bytes, bytes);
+    memmove(t->a.recvbuf, t->scratch + (size_t)t->g.me * bytes, bytes);
     return WEFT_OK;
 }
 
 int weft__ring_reduce_scatter(weft__task *t)
 {
-    const int n = t->c->nranks;
+    const int n = t->g.n;
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
     const char *sb = t->a.sendbuf, *rb = t->a.recvbuf;
     int rc;
@@ -54,7 +54,7 @@ int weft__ring_reduce_scatter(weft__task *t)
      * while sendbuf is still being sent: then the result lands in scratch
      * (at the own block, which no other step uses) and is copied at the
      * end. */
-    t->via_scratch = rb != sb + (size_t)t->c->rank * bytes &&
+    t->via_scratch = rb != sb + (size_t)t->g.me * bytes &&
                      rb < sb + bytes * (size_t)n && rb + bytes > sb;
     if ((rc = weft__scratch(t->c, bytes * (size_t)n, (void **)&t->scratch)) !=
         0)

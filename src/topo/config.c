@@ -326,6 +326,13 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errlen)) != 0)
         return rc;
     cfg->halving_fold_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER", 0, 1, 1, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->hier = (int)v;
+    if ((rc = env_int("WEFT_HIER_ALL_REDUCE_BYTES", 0, 1L << 40,
+                      WEFT__HIER_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->hier_all_reduce_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)
@@ -413,6 +420,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                                         errlen)) != 0)
         return rc;
     cfg->mesh = weft__hostfile_mesh(&view, cfg->topology, NULL, 0);
+    cfg->hier_local = weft__hier_local(cfg);
     return WEFT_OK;
 }
 

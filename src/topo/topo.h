@@ -64,6 +64,14 @@
 #define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
+/* Where hosts run several ranks each (weft__hier_local), all_reduce from
+ * HIER_ALL_REDUCE_BYTES per rank (count * size) runs hierarchically:
+ * a reduce-scatter among each host's ranks, an all_reduce of each chunk
+ * among the ranks that hold it (one per host) over the cables, and an
+ * all-gather within each host, so each byte crosses a cable once per host
+ * instead of once per rank (WEFT_HIER=0 keeps the flat algorithms at every
+ * size). */
+#define WEFT__HIER_ALL_REDUCE_BYTES (1024 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
@@ -119,6 +127,9 @@ typedef struct weft__config {
     size_t doubling_all_reduce_bytes; /* per rank, as the two below */
     size_t halving_all_reduce_bytes;
     size_t halving_fold_all_reduce_bytes;
+    int hier;                     /* WEFT_HIER: 0 keeps the flat path */
+    size_t hier_all_reduce_bytes; /* per rank, see the default above */
+    int hier_local; /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
@@ -154,6 +165,17 @@ static inline int weft__link_joins(const weft__link *lk, int ha, int hb)
 int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       size_t errlen);
 void weft__config_free(weft__config *cfg);
+/* The number L of ranks on each host where the hierarchical algorithms
+ * can run on cfg's job (as loaded), else 0. They run where there are at
+ * least two hosts, every host runs the same L >= 2 (and at most
+ * WEFT__MESH_MAX_RANKS) ranks, host h's being ranks h*L .. h*L+L-1, the
+ * transport is TCP (so a host's ranks are wired to each other, over
+ * shared memory or loopback), and a cable joins each host to the next
+ * around the hosts' ring (0-1, ..., H-1 - 0), so that local rank i of
+ * every host has wires to local rank i of its neighbours (and to all of
+ * them where the mesh is in effect). A pure function of cfg. */
+int weft__hier_local(const weft__config *cfg);
+
 /* The port rank r listens on. */
 int weft__config_rank_port(const weft__config *cfg, int r);
 

@@ -422,10 +422,17 @@ int mp_write_hostfile_layout(const char *path, const int *ports, int n,
         mp_log("cannot write %s: %s", path, strerror(errno));
         return -1;
     }
+    /* Ranks per host, and so hosts. */
+    const int per = layout == MP_LAYOUT_PAIRS ? 2 : 1;
     fprintf(f, "{\"hosts\": [");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s{\"name\": \"h%d\", \"ranks\": 1, \"ports\": [%d]}",
-                i ? ", " : "", i, ports[i]);
+    for (int i = 0; i < n / per; i++) {
+        fprintf(f, "%s{\"name\": \"h%d\", \"ranks\": %d, \"ports\": [",
+                i ? ", " : "", i, per);
+        for (int j = 0; j < per; j++)
+            fprintf(f, "%s%d", j ? ", " : "", ports[i * per + j]);
+        fprintf(f, "]}");
+    }
+    n /= per;
     fprintf(f, "], \"links\": [");
     int l = 0;
     for (int a = 0; a < n; a++)

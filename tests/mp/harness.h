@@ -71,6 +71,10 @@ enum mp_layout {
      * no link and reach each other through the relay. */
     MP_LAYOUT_RING,
     MP_LAYOUT_MESH, /* one host per rank, a link between every pair */
+    /* Hosts of two ranks each (nranks even), a link between every pair of
+     * hosts (127.0.<link+1>.1 and .2): where the hierarchical algorithms
+     * run. */
+    MP_LAYOUT_PAIRS,
 };
 
 struct mp_opts {

@@ -1,8 +1,8 @@
 #!/bin/sh
 # make check: the multi-host test over network namespaces, for rings of 2,
 # 3 and 4 hosts with 1 to 3 links per neighbouring pair (and 2 wires on 2
-# links), full meshes of 3 and 4 hosts, and the fault cases around a ring
-# and in a mesh. Exit 77 (SKIP, with the reason) where network namespaces
+# links), full meshes of 3 and 4 hosts, hosts of two ranks each, and the
+# fault cases around a ring and in a mesh. Exit 77 (SKIP, with the reason) where network namespaces
 # cannot be made.
 ringtest="${srcdir:-.}/tests/multihost/ring-test"
 fail=0
@@ -23,8 +23,18 @@ done
 "$ringtest" -H 3 -L 1 --mesh -T mesh || fail=1
 "$ringtest" -H 4 -L 1 --mesh || fail=1
 "$ringtest" -H 4 -L 2 -W 2 --mesh || fail=1
+# Hosts of two ranks each: all_reduce runs hierarchically (within the hosts,
+# across them by the mesh or the ring, within them) from 64 KiB, which the
+# checked sizes span.
+"$ringtest" -H 2 -R 2 || fail=1
+"$ringtest" -H 3 -R 2 || fail=1
+"$ringtest" -H 3 -R 2 -T ring || fail=1
 # The fault cases: a cut link, a killed rank, a stopped rank, foreign
 # connections; around a ring of 4 hosts and in a mesh of 3.
 "$ringtest" -H 4 -L 2 -W 2 --mode faults || fail=1
 "$ringtest" -H 3 -L 2 -W 2 --mode faults || fail=1
+# ... and among hosts of two ranks each, across them by the mesh and the
+# ring (one rank of the last host killed or stopped).
+"$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1
+"$ringtest" -H 3 -R 2 -T ring --mode faults || fail=1
 exit $fail

@@ -40,8 +40,8 @@ static int coll_rank(int rank, int nranks, void *arg)
 
 /* small: WEFT_SMALL_ALL_REDUCE_BYTES for the job ("4096" unless set
  * outside). */
-static void run_job_small(int nranks, int wires, const char *topology,
-                          const char *small)
+static void run_job_layout(int nranks, int wires, const char *topology,
+                           const char *small, enum mp_layout layout)
 {
     /* Ranks of one host use shared memory, one wire per peer whatever
      * WEFT_WIRES says; several wires are TCP's (shared memory off). */
@@ -61,6 +61,7 @@ static void run_job_small(int nranks, int wires, const char *topology,
     setenv("WEFT_TOPOLOGY", topology, 1);
     struct mp_opts o = {
         .nranks = nranks,
+        .layout = layout,
         .wires = wires,
         .timeout_ms = 30000,
         .deadline_ms = 100000,
@@ -71,6 +72,12 @@ static void run_job_small(int nranks, int wires, const char *topology,
                  "could not set up the job");
     cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires: %s", topology,
               nranks, wires, mp_describe(&res, buf, sizeof buf));
+}
+
+static void run_job_small(int nranks, int wires, const char *topology,
+                          const char *small)
+{
+    run_job_layout(nranks, wires, topology, small, MP_LAYOUT_ONE_HOST);
 }
 
 static void run_job(int nranks, int wires, const char *topology)
@@ -99,6 +106,23 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
     {                                                                          \
         run_shm_job(n, #topo, "8192", "1");                                    \
     }
+
+/* Hosts of two ranks each (over shared memory, or loopback with several
+ * wires), linked to each other: all_reduce runs hierarchically from count
+ * nranks on (WEFT_HIER_ALL_REDUCE_BYTES=0), within the hosts and across
+ * them with the mesh (auto) or the ring. */
+#define HIER_TEST(n, topo, w)                                                  \
+    Test(collectives, hier_##topo##_ranks##n##_wires##w, .timeout = 120)       \
+    {                                                                          \
+        setenv("WEFT_HIER", "1", 1);                                           \
+        setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);                          \
+        run_job_layout(n, w, #topo, "4096", MP_LAYOUT_PAIRS);                  \
+    }
+
+HIER_TEST(4, auto, 1)
+HIER_TEST(4, ring, 2)
+HIER_TEST(6, auto, 1)
+HIER_TEST(6, ring, 1)
 
 SHM_TEST(3, ring)
 SHM_TEST(3, mesh)

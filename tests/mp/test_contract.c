@@ -343,6 +343,65 @@ Test(matching, halving_all_reduce_mismatch, .timeout = 120)
     }
 }
 
+/* ---- hierarchical all_reduce (hosts of two ranks each) ----
+ *
+ * The same mismatches where all_reduce runs within the hosts, across them
+ * and within them again: with every rank on the hierarchical path
+ * (threshold 0), and with only the odd rank on it (its one more element
+ * crosses the threshold: it runs the hierarchical phases while the others
+ * run the flat algorithm). No rank may return WEFT_OK, and one must see
+ * the mismatch. */
+struct hier_mismatch {
+    struct halving_mismatch hm;
+    const char *threshold; /* WEFT_HIER_ALL_REDUCE_BYTES */
+    const char *topology;
+};
+
+Test(matching, hier_all_reduce_mismatch, .timeout = 120)
+{
+    static const struct hier_mismatch cases[] = {
+        {{4, 0, 0}, "0", "auto"},     {{4, 3, 1}, "0", "ring"},
+        {{6, 2, 0}, "0", "auto"},     {{6, 5, 1}, "0", "ring"},
+        {{4, 1, 0}, "16388", "auto"}, {{6, 4, 0}, "16388", "ring"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const struct halving_mismatch *hm = &cases[i].hm;
+        struct mp_opts o = {
+            .nranks = hm->nranks,
+            .layout = MP_LAYOUT_PAIRS,
+            .timeout_ms = 5000,
+            .connect_timeout_ms = 20000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        int mismatch = 0;
+
+        setenv("WEFT_TOPOLOGY", cases[i].topology, 1);
+        setenv("WEFT_HIER", "1", 1);
+        setenv("WEFT_HIER_ALL_REDUCE_BYTES", cases[i].threshold, 1);
+        cr_assert_eq(mp_run(&o, halving_mismatch_rank, (void *)hm, &res), 0);
+        unsetenv("WEFT_TOPOLOGY");
+        unsetenv("WEFT_HIER_ALL_REDUCE_BYTES");
+        assert_passed(&res, "mismatched hierarchical all_reduce");
+        for (int r = 0; r < hm->nranks; r++) {
+            int rc = shm()->rc[r][0];
+
+            mismatch |= rc == WEFT_EMISMATCH;
+            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
+                          rc == WEFT_ETIMEDOUT,
+                      "case %zu: %d ranks in hosts of 2, rank %d's %s "
+                      "differs: rank %d returned %s (%s)",
+                      i, hm->nranks, hm->odd_rank,
+                      hm->dtype ? "dtype" : "count", r, weft_err_name(rc),
+                      shm()->msg[r]);
+        }
+        cr_assert(mismatch,
+                  "case %zu: %d ranks in hosts of 2, rank %d's %s differs: "
+                  "no rank returned WEFT_EMISMATCH",
+                  i, hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+    }
+}
+
 /* ---- item 4: relayed point to point is matched as direct ---- */
 
 struct relay_case {

@@ -7,6 +7,8 @@
  */
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "engine/plan.h"
 #include "topo/topo.h"
@@ -250,4 +252,83 @@ Test(plan, halving_rounds)
     cr_assert_eq(weft__plan_halving_rounds(12), 8);
     cr_assert_eq(weft__plan_halving_rounds(16), 8);
     cr_assert_eq(weft__plan_halving_rounds(17), 10);
+}
+
+/* ---- weft__hier_local: where the hierarchical algorithms run ---- */
+
+/* A job of hosts with per[h] ranks each, in order, linked around a ring
+ * (ring: host h to h+1, the last to 0; two hosts once) or along a line
+ * (no link from the last to 0), on transport. */
+struct hier_job {
+    weft__config cfg;
+    weft__host hosts[8];
+    weft__link links[8];
+};
+
+static void hier_job_make(struct hier_job *j, int nhosts, const int *per,
+                          int ring, const char *transport)
+{
+    int first = 0;
+
+    memset(j, 0, sizeof *j);
+    j->cfg.nhosts = nhosts;
+    j->cfg.hosts = j->hosts;
+    j->cfg.links = j->links;
+    snprintf(j->cfg.transport, sizeof j->cfg.transport, "%s", transport);
+    for (int h = 0; h < nhosts; h++) {
+        j->hosts[h].nranks = per[h];
+        j->hosts[h].first_rank = first;
+        first += per[h];
+    }
+    j->cfg.nranks = first;
+    for (int h = 0; h < nhosts; h++) {
+        int next = (h + 1) % nhosts;
+        if ((next == 0 && !ring) || (nhosts == 2 && h == 1))
+            continue;
+        j->links[j->cfg.nlinks].end[0].host = h;
+        j->links[j->cfg.nlinks].end[1].host = next;
+        j->cfg.nlinks++;
+    }
+}
+
+Test(hier, shapes)
+{
+    static const int two[] = {2, 2, 2, 2}, four[] = {4, 4, 4},
+                     one[] = {1, 1, 1}, uneven[] = {2, 3}, big[] = {18, 18};
+    struct hier_job j;
+
+    hier_job_make(&j, 2, two, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 2, "2 hosts x 2 ranks");
+    hier_job_make(&j, 4, two, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 2, "4 hosts x 2 ranks, a ring");
+    hier_job_make(&j, 3, four, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 4, "3 hosts x 4 ranks");
+    /* Links given the other way round join the same hosts. */
+    for (int l = 0; l < j.cfg.nlinks; l++) {
+        int h = j.links[l].end[0].host;
+        j.links[l].end[0].host = j.links[l].end[1].host;
+        j.links[l].end[1].host = h;
+    }
+    cr_assert_eq(weft__hier_local(&j.cfg), 4, "links reversed");
+
+    hier_job_make(&j, 1, four, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0, "one host");
+    hier_job_make(&j, 3, one, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0, "one rank per host");
+    hier_job_make(&j, 2, uneven, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0, "hosts of 2 and 3 ranks");
+    hier_job_make(&j, 2, big, 1, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0,
+                 "more ranks per host than "
+                 "the mesh's lanes");
+    hier_job_make(&j, 2, two, 1, "ibverbs");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0, "ibverbs: no local wires");
+    hier_job_make(&j, 4, two, 0, "tcp");
+    cr_assert_eq(weft__hier_local(&j.cfg), 0,
+                 "hosts in a line: the last "
+                 "and the first share no cable");
+    hier_job_make(&j, 3, four, 1, "tcp");
+    j.hosts[1].first_rank = 8;
+    j.hosts[2].first_rank = 4;
+    cr_assert_eq(weft__hier_local(&j.cfg), 0, "hosts not in rank order");
 }
