@@ -780,3 +780,72 @@ Test(reinit, late_rank2, .timeout = 120)
 {
     run_reinit(2, 3);
 }
+
+/* ---- settings every rank must share ----
+ *
+ * One rank runs with another WEFT_SHM (its host's peers use shared
+ * memory, it would use loopback TCP) or another WEFT_WIRES. The
+ * connections' hellos and answers carry both, so every rank that meets
+ * the odd one fails weft_init at once with WEFT_ECONFIG naming the
+ * variable, long before the connect deadline (20 s here); the odd rank
+ * fails too, whether it dialled or listened. */
+struct settings_case {
+    const char *var, *odd_value;
+    int odd_rank;
+};
+
+static int settings_rank(int rank, int nranks, void *arg)
+{
+    const struct settings_case *sc = arg;
+    weft_comm *c = NULL;
+    double t0;
+    int rc;
+
+    if (rank == sc->odd_rank)
+        setenv(sc->var, sc->odd_value, 1);
+    t0 = mp_now_ms();
+    rc = weft_init(&c);
+    if (rc == WEFT_OK) {
+        mp_log("weft_init with %s=%s on rank %d returned WEFT_OK", sc->var,
+               sc->odd_value, sc->odd_rank);
+        weft_finalize(c);
+        return 1;
+    }
+    if (mp_now_ms() - t0 > 10000) {
+        mp_log("weft_init took %.0f ms to fail", mp_now_ms() - t0);
+        return 1;
+    }
+    /* A rank that meets the odd one names the variable; one that meets
+     * only ranks that already failed may see them leave instead. */
+    if (rc == WEFT_ECONFIG && strstr(weft_last_error(NULL), sc->var) != NULL)
+        return 0;
+    if (rank == sc->odd_rank || nranks == 2) {
+        mp_log("weft_init: %s (%s), expected WEFT_ECONFIG naming %s",
+               weft_err_name(rc), weft_last_error(NULL), sc->var);
+        return 1;
+    }
+    return 0;
+}
+
+Test(matching, settings_must_agree, .timeout = 120)
+{
+    static const struct settings_case cases[] = {
+        {"WEFT_SHM", "0", 1},   {"WEFT_SHM", "0", 0}, {"WEFT_WIRES", "2", 1},
+        {"WEFT_WIRES", "2", 0}, {"WEFT_SHM", "0", 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct mp_opts o = {
+            .nranks = i < 4 ? 2 : 3,
+            .connect_timeout_ms = 20000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        char buf[1024];
+
+        unsetenv("WEFT_SHM");
+        cr_assert_eq(mp_run(&o, settings_rank, (void *)&cases[i], &res), 0);
+        cr_assert(mp_all_passed(&res), "%s=%s on rank %d: %s", cases[i].var,
+                  cases[i].odd_value, cases[i].odd_rank,
+                  mp_describe(&res, buf, sizeof buf));
+    }
+}

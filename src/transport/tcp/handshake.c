@@ -104,8 +104,39 @@ static int token_equal(const uint8_t *a, const uint8_t *b)
     return d == 0;
 }
 
+/* The settings every rank must share (tp->wires; tp->shm between ranks
+ * of one host, local), as a hello or an answer carries them at b: 0 if
+ * the peer's agree with this rank's, else 1 with why (naming the
+ * variable) in why. */
+static int settings_differ(const tcp_tp *tp, const uint8_t *b, int other,
+                           int local, char *why, size_t len)
+{
+    uint32_t wires = weft__get_be32(b), shm = weft__get_be32(b + 4);
+
+    if (wires != tp->wires)
+        snprintf(why, len,
+                 "rank %d runs with %u wires per link and rank %d with %u: "
+                 "set WEFT_WIRES (weftrun --wires) alike on every rank",
+                 tp->rank, tp->wires, other, wires);
+    else if (local && shm != tp->shm)
+        snprintf(why, len,
+                 "rank %d has shared memory %s and rank %d %s: set WEFT_SHM "
+                 "alike on every rank",
+                 tp->rank, tp->shm ? "on" : "off", other, shm ? "on" : "off");
+    else
+        return 0;
+    return 1;
+}
+
+static void settings_pack(const tcp_tp *tp, uint8_t *b)
+{
+    weft__put_be32(b, tp->wires);
+    weft__put_be32(b + 4, tp->shm);
+}
+
 /* Hello layout (network byte order): magic, version, from rank, to rank,
- * link, wire on link, then the 16-byte token. */
+ * link, wire on link, the 16-byte token, then the settings (wires, shm).
+ * The answer: magic, the answering rank, its settings. */
 static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
 {
     weft__put_be32(out, HELLO_MAGIC);
@@ -115,6 +146,7 @@ static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
     weft__put_be32(out + 16, s->link);
     weft__put_be32(out + 20, s->lwire);
     memcpy(out + 24, tp->cfg->token, WEFT__TOKEN_BYTES);
+    settings_pack(tp, out + 40);
 }
 
 static void reject(conn *k, const char *why)
@@ -147,6 +179,13 @@ static void reply_write_cb(uv_write_t *req, int status)
     tcp_tp *tp = k->tp;
 
     weft__tcp_write_done(tp);
+    if (k->bad_settings) {
+        /* The answer, which carries this rank's settings, is on its
+         * way: the dialling side fails too, naming them. */
+        if (!tp->shut)
+            weft__tcp_fail(tp, WEFT_ECONFIG, "%s", k->why);
+        return;
+    }
     if (k->closing || tp->shut)
         return;
     if (status < 0 && k->state == CONN_ACK_WAIT)
@@ -174,6 +213,24 @@ static void hello_done(conn *k)
     if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
         from <= (uint32_t)tp->rank)
         return reject(k, "hello names ranks that do not connect here");
+    if (settings_differ(tp, k->hbuf + 40, (int)from,
+                        link == WEFT__LINK_LOOPBACK, k->why, sizeof k->why)) {
+        /* A rank of this job (the token says so) set up otherwise: answer
+         * with this rank's settings, then fail (reply_write_cb). The
+         * connection claims no slot and reads no more; it stays pending,
+         * to be closed with the others. */
+        uv_read_stop((uv_stream_t *)&k->h);
+        k->bad_settings = 1;
+        weft__put_be32(k->out, REPLY_MAGIC);
+        weft__put_be32(k->out + 4, (uint32_t)tp->rank);
+        settings_pack(tp, k->out + 8);
+        b = uv_buf_init((char *)k->out, REPLY_BYTES);
+        k->hreq.data = k;
+        if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                            reply_write_cb) != 0)
+            weft__tcp_fail(tp, WEFT_ECONFIG, "%s", k->why);
+        return;
+    }
     for (int w = 0; w < tp->peers[from].nslots; w++) {
         slot *c = &tp->peers[from].s[w];
         if (!c->outgoing && c->link == link && c->lwire == lwire)
@@ -194,6 +251,7 @@ static void hello_done(conn *k)
     tune_socket(k);
     weft__put_be32(k->out, REPLY_MAGIC);
     weft__put_be32(k->out + 4, (uint32_t)tp->rank);
+    settings_pack(tp, k->out + 8);
     b = uv_buf_init((char *)k->out, REPLY_BYTES);
     k->hreq.data = k;
     if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
@@ -287,6 +345,13 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
                 "rank %d: %s answered wire %d's hello wrongly: not rank "
                 "%d of this job",
                 tp->rank, k->name, k->wire, k->peer);
+            return;
+        }
+        if (settings_differ(tp, k->hbuf + 8, k->peer,
+                            tp->peers[k->peer].s[k->wire].link ==
+                                WEFT__LINK_LOOPBACK,
+                            k->why, sizeof k->why)) {
+            weft__tcp_fail(tp, WEFT_ECONFIG, "%s", k->why);
             return;
         }
         /* Up on this side from here: the acknowledgement goes before any

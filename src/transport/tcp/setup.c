@@ -272,6 +272,8 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     tp->lost_peer = -1;
     tp->rank = par->rank;
     tp->nranks = par->nranks;
+    tp->wires = (uint32_t)par->wires;
+    tp->shm = par->local_wires > 0;
     if ((rc = plan_slots(tp, par->wires,
                          par->local_wires > 0 ? par->local_wires
                                               : par->wires)) != 0)

@@ -57,9 +57,9 @@
 
 #define HELLO_MAGIC 0x54464557u /* "WEFT" */
 #define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
-#define HELLO_VERSION 2u
-#define HELLO_BYTES 40
-#define REPLY_BYTES 8
+#define HELLO_VERSION 3u
+#define HELLO_BYTES 48
+#define REPLY_BYTES 16
 #define ACK_MAGIC 0x4b414657u /* "WFAK" */
 #define ACK_BYTES 4
 #define LINK_RELAY 0xfffffffeu  /* the relay connection to a neighbour */
@@ -96,6 +96,10 @@ typedef struct conn {
     int reading;
     int closing;
     uint64_t deadline_ms; /* handshake deadline (hello or answer) */
+    /* The hello's settings differ from this rank's: answered (so the
+     * dialling side learns it), then the job fails (settings_differ). */
+    int bad_settings;
+    char why[160];
     uint8_t hbuf[HELLO_BYTES];
     size_t hgot;
     uint8_t out[HELLO_BYTES]; /* hello or reply being written */
@@ -202,6 +206,11 @@ struct tcp_tp {
     int relay_ready;  /* posted receives may match pending chunks */
     unsigned events;  /* completions and wake-ups, for spinning */
     unsigned ends;    /* streams that ended (a peer closed or reset) */
+    /* Settings every rank must share, carried in hellos and answers:
+     * wires per link (WEFT_WIRES), and whether shared memory carries the
+     * data between ranks of a host (WEFT_SHM; then loopback connections
+     * are for set-up and liveness only). */
+    uint32_t wires, shm;
     int uv_writes;    /* libuv write requests whose callback has not run */
     uint64_t spin_ns; /* poll this long before sleeping (0: never) */
 };
