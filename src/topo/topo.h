@@ -71,12 +71,14 @@
  * all-gather within each host, so each byte crosses a cable once per host
  * instead of once per rank (WEFT_HIER=0 keeps the flat algorithms at every
  * size). */
-#define WEFT__HIER_ALL_REDUCE_BYTES (1024 * 1024)
-/* The same hosts: all_gather and reduce_scatter from this many bytes per
+#define WEFT__HIER_ALL_REDUCE_BYTES (64 * 1024)
+/* (The defaults: where the hierarchical path wins on 2 hosts x 2 ranks
+ * and a cable shaped to 5 Gbit/s, docs/performance.md.) The same hosts:
+ * all_gather and reduce_scatter from this many bytes per
  * rank's block (count * size) run hierarchically, all_gather across the
  * hosts then within each host, reduce_scatter the mirror (coll/hier.h). */
-#define WEFT__HIER_ALL_GATHER_BYTES (1024 * 1024)
-#define WEFT__HIER_REDUCE_SCATTER_BYTES (1024 * 1024)
+#define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
+#define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
