@@ -1,5 +1,6 @@
-/* The hierarchical all_reduce; see hier.h.
+/* The hierarchical collectives; see hier.h.
  *
+ * all_reduce:
  * The task runs among the ranks of its host (t->g is that group from the
  * start): phase 1 and 3 are its passes, phase 2 is a sub-task among the
  * ranks of its local index. Every rank runs the same passes in the same
@@ -11,9 +12,36 @@
  * algorithm may grow the communicator's scratch). */
 #include "coll/hier.h"
 
+#include "base/kernels.h"
 #include "engine/plan.h"
 #include "mesh/mesh.h"
 #include "ring/ring.h"
+
+#include <string.h>
+
+/* The ranks of this rank's local index, one per host (member h is host
+ * h's), and those of its host (member i is local index i). */
+static weft__group hier_across(const weft__ctx *c)
+{
+    const int local = c->cfg->hier_local;
+
+    return (weft__group){c->cfg->nhosts, c->rank / local, c->rank % local,
+                         local};
+}
+
+static weft__group hier_host(const weft__ctx *c)
+{
+    const int local = c->cfg->hier_local;
+
+    return (weft__group){local, c->rank % local, c->rank - c->rank % local, 1};
+}
+
+/* Whether the cables' phase runs the mesh's algorithm (every pair of
+ * hosts wired) or the ring's, around the hosts. */
+static int hier_mesh_across(const weft__ctx *c)
+{
+    return c->cfg->mesh && c->cfg->nhosts <= WEFT__MESH_MAX_RANKS;
+}
 
 /* Phase 3: this rank's chunk is reduced over the job. */
 static int hier_gather(weft__task *t)
@@ -25,10 +53,7 @@ static int hier_gather(weft__task *t)
  * same chunk of every other host, in place. */
 static int hier_cross(weft__task *t)
 {
-    const weft__config *cfg = t->c->cfg;
-    const int local = cfg->hier_local, nhosts = cfg->nhosts;
-    const weft__group across = {nhosts, t->c->rank / local, t->c->rank % local,
-                                local};
+    const weft__group across = hier_across(t->c);
     const size_t es = weft_dtype_size(t->a.dtype);
     const weft__region mine = weft__plan_chunk(t->a.count, t->g.n, t->g.me);
     char *chunk = (char *)t->a.recvbuf + mine.off * es;
@@ -40,8 +65,7 @@ static int hier_cross(weft__task *t)
     xa.recvbuf = chunk;
     xa.count = mine.len;
     rc = weft__task_sub_in(t, &across, &xa,
-                           cfg->mesh && nhosts <= WEFT__MESH_MAX_RANKS
-                               ? weft__mesh_all_reduce
+                           hier_mesh_across(t->c) ? weft__mesh_all_reduce
                                : weft__ring_all_reduce);
     if (rc == WEFT_OK)
         t->next = hier_gather;
@@ -50,10 +74,167 @@ static int hier_cross(weft__task *t)
 
 int weft__hier_all_reduce(weft__task *t)
 {
-    const int local = t->c->cfg->hier_local, rank = t->c->rank;
-
     /* Phase 1 among this host's ranks. */
-    t->g = (weft__group){local, rank % local, rank - rank % local, 1};
+    t->g = hier_host(t->c);
     t->next = hier_cross;
     return weft__mesh_chunks_scatter(t);
+}
+
+/* ---- all_gather ----
+ *
+ * The block of rank h*L + i sits at (h*L + i) * B in recvbuf (B bytes a
+ * block). Phase 1 gathers the host's blocks (its row of recvbuf), phase
+ * 2 lands the column of local index i (block h*L + i of every host h) in
+ * scratch, host order, and phase 3 sends the column's blocks of the
+ * other hosts to every other rank of the host, theirs landing at their
+ * places (one step a host). The first pass is among the host's ranks,
+ * like the flat algorithms' (the mesh's with every peer, the ring's with
+ * its neighbours, one of them on the host): a rank whose count puts it on
+ * another path than its host's other ranks meets one of them at once. */
+
+/* The host that step k of phase 3 is about: every host but this one. */
+static int gather_host_of(const weft__task *t, int k)
+{
+    const int h = t->c->rank / t->g.n;
+
+    return k < h ? k : k + 1;
+}
+
+/* Phase 3, step k: this rank's column block of host s to member p of the
+ * host, p's block of host s into its place. */
+static void gather_step(const weft__task *t, const void *arg, int p, int k,
+                        weft__peer_io *io)
+{
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    const int s = gather_host_of(t, k);
+    const size_t at = ((size_t)s * (size_t)t->g.n + (size_t)p) * bytes;
+
+    (void)arg;
+    *io = (weft__peer_io){t->scratch + (size_t)s * bytes, bytes,
+                          (char *)t->a.recvbuf + at, bytes};
+}
+
+static int gather_host(weft__task *t)
+{
+    const int nhosts = t->c->cfg->nhosts, local = t->g.n;
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    char *rb = t->a.recvbuf;
+    int rc;
+
+    /* The column's algorithms take no scratch, but should one grow it,
+     * realloc kept the column (it ran before): fetch it again. */
+    if ((rc = weft__scratch(t->c, bytes * (size_t)nhosts,
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    for (int k = 0; k < nhosts - 1; k++) {
+        const int s = gather_host_of(t, k);
+
+        memcpy(rb + ((size_t)s * (size_t)local + (size_t)t->g.me) * bytes,
+               t->scratch + (size_t)s * bytes, bytes);
+    }
+    return weft__mesh_exchange_steps(t, nhosts - 1, gather_step, NULL);
+}
+
+/* Phase 2: this rank's block, now in its place, to the ranks of its local
+ * index; theirs into the column. */
+static int gather_across(weft__task *t)
+{
+    const weft__group across = hier_across(t->c);
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    weft__args xa = t->a;
+    int rc;
+
+    if ((rc = weft__scratch(t->c, bytes * (size_t)across.n,
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    xa.sendbuf = (char *)t->a.recvbuf + (size_t)t->c->rank * bytes;
+    xa.recvbuf = t->scratch;
+    rc = weft__task_sub_in(t, &across, &xa,
+                           hier_mesh_across(t->c) ? weft__mesh_all_gather
+                                                  : weft__ring_all_gather);
+    if (rc == WEFT_OK)
+        t->next = gather_host;
+    return rc;
+}
+
+int weft__hier_all_gather(weft__task *t)
+{
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    weft__args xa = t->a;
+    int rc;
+
+    /* Phase 1: the host's row of recvbuf (the mesh's all_gather reads
+     * sendbuf before anything lands, so recvbuf may hold it). */
+    t->g = hier_host(t->c);
+    xa.recvbuf = (char *)t->a.recvbuf + (size_t)t->g.base * bytes;
+    rc = weft__task_sub_in(t, &t->g, &xa, weft__mesh_all_gather);
+    if (rc == WEFT_OK)
+        t->next = gather_across;
+    return rc;
+}
+
+/* ---- reduce_scatter ----
+ *
+ * Block h*L + i of sendbuf is rank h*L + i's. Phase 1 sends member p of
+ * the host its column (block h*L + p of every host h) and lands every
+ * member's copy of this rank's column in scratch, member by member; they
+ * are reduced in member order into the column, which lies after them in
+ * scratch. Phase 2 reduce_scatters the column among the ranks of this
+ * local index: member h (host h) gets block h, which is its own. The
+ * column's algorithms take scratch (H * B bytes) before it: less than
+ * phase 1 took, so scratch does not move, and below the column. */
+
+/* Phase 1, step s (host s): block s*L + p of sendbuf to member p, p's
+ * copy of block s*L + me into p's column in scratch. */
+static void scatter_step(const weft__task *t, const void *arg, int p, int s,
+                         weft__peer_io *io)
+{
+    const int nhosts = t->c->cfg->nhosts, local = t->g.n;
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+
+    (void)arg;
+    *io = (weft__peer_io){
+        (const char *)t->a.sendbuf +
+            ((size_t)s * (size_t)local + (size_t)p) * bytes,
+        bytes, t->scratch + ((size_t)p * (size_t)nhosts + (size_t)s) * bytes,
+        bytes};
+}
+
+static int scatter_across(weft__task *t)
+{
+    const weft__group across = hier_across(t->c);
+    const int nhosts = across.n, local = t->g.n, me = t->g.me;
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    const size_t col = bytes * (size_t)nhosts;
+    char *column = t->scratch + col * (size_t)local;
+    weft__args xa = t->a;
+
+    for (int s = 0; s < nhosts; s++)
+        memcpy(t->scratch + (size_t)me * col + (size_t)s * bytes,
+               (const char *)t->a.sendbuf +
+                   ((size_t)s * (size_t)local + (size_t)me) * bytes,
+               bytes);
+    weft__reduce_ranks(column, t->scratch, local, t->a.count * (size_t)nhosts,
+                       t->a.dtype, t->a.op);
+    xa.sendbuf = column;
+    return weft__task_sub_in(t, &across, &xa,
+                             hier_mesh_across(t->c)
+                                 ? weft__mesh_reduce_scatter
+                                 : weft__ring_reduce_scatter);
+}
+
+int weft__hier_reduce_scatter(weft__task *t)
+{
+    const int nhosts = t->c->cfg->nhosts;
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    int rc;
+
+    /* Every member's copy of this rank's column, then the column. */
+    t->g = hier_host(t->c);
+    if ((rc = weft__scratch(t->c,
+                            bytes * (size_t)nhosts * (size_t)(t->g.n + 1),
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    t->next = scatter_across;
+    return weft__mesh_exchange_steps(t, nhosts, scatter_step, NULL);
 }

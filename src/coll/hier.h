@@ -24,4 +24,24 @@
  * others, so every rank ends with the same bits. Needs count >= nranks. */
 int weft__hier_all_reduce(weft__task *t);
 
+/* All_gather (block r of recvbuf is rank r's) in three phases:
+ * 1. within the host, a direct all_gather of the host's L blocks;
+ * 2. across the hosts, the H ranks of local index i all_gather their
+ *    blocks (the mesh's or the ring's, as above), into scratch;
+ * 3. within the host, every rank sends the H-1 blocks of the other hosts
+ *    it got to every other rank of the host, and theirs land at their
+ *    places in recvbuf (one direct exchange, a step a host).
+ * Each block crosses the cables once per host. */
+int weft__hier_all_gather(weft__task *t);
+
+/* Reduce_scatter (rank r gets block r, reduced), the mirror:
+ * 1. within the host, a direct exchange: local rank i receives every
+ *    host rank's copy of block h*L + i of every host h and reduces them
+ *    in local-rank order;
+ * 2. across the hosts, the H ranks of local index i reduce_scatter those
+ *    H reduced blocks (the mesh's or the ring's), rank h*L + i ending
+ *    with block h*L + i.
+ * Each element of the result is reduced on one rank. */
+int weft__hier_reduce_scatter(weft__task *t);
+
 #endif

@@ -36,6 +36,10 @@ enum {
     FROM_HIER,       /* hosts with several ranks each (cfg->hier_local),
                         WEFT_HIER on, count * elem (per rank) >=
                         hier_all_reduce_bytes and count >= nranks */
+    FROM_HIER_GATHER,  /* the same hosts, count * elem (a rank's block) >=
+                          hier_all_gather_bytes */
+    FROM_HIER_SCATTER, /* the same hosts, count * elem (a rank's block) >=
+                          hier_reduce_scatter_bytes */
 };
 
 static int ring_gather_reduce(weft__task *t)
@@ -82,8 +86,15 @@ static const struct algo_row {
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_HALVING, weft__halving_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING, UPTO_SMALL, ring_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_reduce},
+    /* all_gather and reduce_scatter: hierarchical where hosts run several
+     * ranks each (across the hosts, within each host; or the mirror), else
+     * one direct exchange or around the ring. */
+    {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_GATHER,
+     weft__hier_all_gather},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
     {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_gather},
+    {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_SCATTER,
+     weft__hier_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_MESH, ANY_SIZE, weft__mesh_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT, ANY_SIZE,
      weft__ring_reduce_scatter},
@@ -150,6 +161,14 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
         return c->cfg->hier && c->cfg->hier_local >= 2 &&
                bytes >= c->cfg->hier_all_reduce_bytes &&
                a->count >= (size_t)c->nranks;
+    case FROM_HIER_GATHER:
+        /* Every block holds an element (counts are > 0), so every pass
+         * moves data with every peer it names and compares calls. */
+        return c->cfg->hier && c->cfg->hier_local >= 2 &&
+               bytes >= c->cfg->hier_all_gather_bytes;
+    case FROM_HIER_SCATTER:
+        return c->cfg->hier && c->cfg->hier_local >= 2 &&
+               bytes >= c->cfg->hier_reduce_scatter_bytes;
     default:
         return 1;
     }

@@ -58,4 +58,16 @@ typedef struct weft__peer_io {
  * the call with every peer. */
 int weft__mesh_exchange(weft__task *t, const weft__peer_io *io);
 
+/* Step s (0 <= s < nsteps) of what this rank exchanges with member p. */
+typedef void (*weft__mesh_step_fn)(const weft__task *t, const void *arg,
+                                   int p, int s, weft__peer_io *io);
+
+/* The same with nsteps steps with each peer, as step() gives them (every
+ * step of both ends' lanes the same lengths, as above; a peer with no bytes
+ * either way in any step is left out): blocks that are not contiguous in
+ * the buffers (the hierarchical all_gather's and reduce_scatter's phases
+ * within a host) move in one pass. */
+int weft__mesh_exchange_steps(weft__task *t, int nsteps,
+                              weft__mesh_step_fn step, const void *arg);
+
 #endif

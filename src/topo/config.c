@@ -333,6 +333,15 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__HIER_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->hier_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER_ALL_GATHER_BYTES", 0, 1L << 40,
+                      WEFT__HIER_ALL_GATHER_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->hier_all_gather_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER_REDUCE_SCATTER_BYTES", 0, 1L << 40,
+                      WEFT__HIER_REDUCE_SCATTER_BYTES, &v, errmsg, errlen)) !=
+        0)
+        return rc;
+    cfg->hier_reduce_scatter_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)

@@ -71,7 +71,14 @@
  * all-gather within each host, so each byte crosses a cable once per host
  * instead of once per rank (WEFT_HIER=0 keeps the flat algorithms at every
  * size). */
-#define WEFT__HIER_ALL_REDUCE_BYTES (1024 * 1024)
+#define WEFT__HIER_ALL_REDUCE_BYTES (64 * 1024)
+/* (The defaults: where the hierarchical path wins on 2 hosts x 2 ranks
+ * and a cable shaped to 5 Gbit/s, docs/performance.md.) The same hosts:
+ * all_gather and reduce_scatter from this many bytes per
+ * rank's block (count * size) run hierarchically, all_gather across the
+ * hosts then within each host, reduce_scatter the mirror (coll/hier.h). */
+#define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
+#define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
@@ -129,6 +136,8 @@ typedef struct weft__config {
     size_t halving_fold_all_reduce_bytes;
     int hier;                     /* WEFT_HIER: 0 keeps the flat path */
     size_t hier_all_reduce_bytes; /* per rank, see the default above */
+    size_t hier_all_gather_bytes;     /* a rank's block, likewise */
+    size_t hier_reduce_scatter_bytes; /* a rank's block, likewise */
     int hier_local; /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */

@@ -110,19 +110,24 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
 /* Hosts of two ranks each (over shared memory, or loopback with several
  * wires), linked to each other: all_reduce runs hierarchically from count
  * nranks on (WEFT_HIER_ALL_REDUCE_BYTES=0), within the hosts and across
- * them with the mesh (auto) or the ring. */
-#define HIER_TEST(n, topo, w)                                                  \
-    Test(collectives, hier_##topo##_ranks##n##_wires##w, .timeout = 120)       \
+ * them with the mesh (auto) or the ring; all_gather and reduce_scatter
+ * from blocks of `blk` bytes (0: every count; 4096: the counts around the
+ * frame run hierarchically, the small ones flat). */
+#define HIER_TEST(n, topo, w, blk)                                             \
+    Test(collectives, hier_##topo##_ranks##n##_wires##w##_from##blk,           \
+         .timeout = 120)                                                       \
     {                                                                          \
         setenv("WEFT_HIER", "1", 1);                                           \
         setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);                          \
+        setenv("WEFT_HIER_ALL_GATHER_BYTES", #blk, 1);                         \
+        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", #blk, 1);                     \
         run_job_layout(n, w, #topo, "4096", MP_LAYOUT_PAIRS);                  \
     }
 
-HIER_TEST(4, auto, 1)
-HIER_TEST(4, ring, 2)
-HIER_TEST(6, auto, 1)
-HIER_TEST(6, ring, 1)
+HIER_TEST(4, auto, 1, 0)
+HIER_TEST(4, ring, 2, 4096)
+HIER_TEST(6, auto, 1, 4096)
+HIER_TEST(6, ring, 1, 0)
 
 SHM_TEST(3, ring)
 SHM_TEST(3, mesh)

@@ -402,6 +402,98 @@ Test(matching, hier_all_reduce_mismatch, .timeout = 120)
     }
 }
 
+/* ---- hierarchical all_gather and reduce_scatter ----
+ *
+ * The same for the two operations that run hierarchically by block size
+ * (WEFT_HIER_ALL_GATHER_BYTES, WEFT_HIER_REDUCE_SCATTER_BYTES): every rank
+ * on the hierarchical path (0), or only the odd rank (16388: its block of
+ * 4097 int32s crosses it, the others' 4096 do not). */
+struct hier_op_mismatch {
+    struct hier_mismatch h;
+    int gather; /* 1: all_gather, 0: reduce_scatter */
+};
+
+static int hier_op_mismatch_rank(int rank, int nranks, void *arg)
+{
+    const struct hier_op_mismatch *m = arg;
+    const struct halving_mismatch *hm = &m->h.hm;
+    const int odd = rank == hm->odd_rank;
+    size_t count = 4096 + (odd && !hm->dtype ? 1 : 0);
+    weft_dtype dt = odd && hm->dtype ? WEFT_FLOAT32 : WEFT_INT32;
+    /* all_gather's recvbuf, reduce_scatter's sendbuf; the block after. */
+    int32_t *all = calloc(4097 * (size_t)(nranks + 1), sizeof *all);
+    int32_t *blk = all + 4097 * (size_t)nranks;
+    weft_comm *c;
+    int fail, rc;
+
+    if (all == NULL || mp_init(&c, rank, nranks) != WEFT_OK) {
+        free(all);
+        return 1;
+    }
+    double t0 = mp_now_ms();
+    rc = m->gather ? weft_all_gather(c, blk, all, count, dt)
+                   : weft_reduce_scatter(c, all, blk, count, dt, WEFT_SUM);
+    record(rank, 0, rc, mp_now_ms() - t0, c);
+    fail = check_msg(c,
+                     m->gather ? "all_gather with mismatched arguments"
+                               : "reduce_scatter with mismatched arguments",
+                     rc);
+    free(all);
+    return finalize(c) || fail;
+}
+
+Test(matching, hier_gather_scatter_mismatch, .timeout = 180)
+{
+    static const struct hier_mismatch hcases[] = {
+        {{4, 0, 0}, "0", "auto"},
+        {{6, 5, 1}, "0", "ring"},
+        {{4, 1, 0}, "16388", "auto"},
+        {{6, 4, 0}, "16388", "ring"},
+    };
+    for (size_t i = 0; i < 2 * sizeof hcases / sizeof hcases[0]; i++) {
+        const struct hier_op_mismatch m = {hcases[i / 2], (int)(i % 2)};
+        const struct halving_mismatch *hm = &m.h.hm;
+        const char *name = m.gather ? "all_gather" : "reduce_scatter";
+        struct mp_opts o = {
+            .nranks = hm->nranks,
+            .layout = MP_LAYOUT_PAIRS,
+            .timeout_ms = 5000,
+            .connect_timeout_ms = 20000,
+            .deadline_ms = JOB_DEADLINE_MS,
+        };
+        struct mp_result res;
+        int mismatch = 0;
+
+        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
+        setenv("WEFT_HIER", "1", 1);
+        setenv("WEFT_HIER_ALL_GATHER_BYTES", m.h.threshold, 1);
+        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
+        cr_assert_eq(mp_run(&o, hier_op_mismatch_rank, (void *)&m, &res), 0);
+        unsetenv("WEFT_TOPOLOGY");
+        unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
+        unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
+        assert_passed(&res, "mismatched hierarchical all_gather or "
+                            "reduce_scatter");
+        for (int r = 0; r < hm->nranks; r++) {
+            int rc = shm()->rc[r][0];
+
+            mismatch |= rc == WEFT_EMISMATCH;
+            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
+                          rc == WEFT_ETIMEDOUT,
+                      "%s, case %zu: %d ranks in hosts of 2, rank %d's %s "
+                      "differs: rank %d returned %s (%s)",
+                      name, i / 2, hm->nranks, hm->odd_rank,
+                      hm->dtype ? "dtype" : "count", r, weft_err_name(rc),
+                      shm()->msg[r]);
+        }
+        cr_assert(mismatch,
+                  "%s, case %zu: %d ranks in hosts of 2, rank %d's %s "
+                  "differs: no rank returned WEFT_EMISMATCH",
+                  name, i / 2, hm->nranks, hm->odd_rank,
+                  hm->dtype ? "dtype" : "count");
+    }
+}
+
 /* ---- item 4: relayed point to point is matched as direct ---- */
 
 struct relay_case {
