@@ -71,8 +71,8 @@ typedef struct frame {
     weft__xfer x; /* what the transport hands back (container_of) */
     struct wstate *ws;
     int step;
-    int hdr;  /* 1: a channel header, not data; 2 (sends only): a header
-                 and the wire's first data frame behind it */
+    int hdr;  /* a channel header, not data (a send's may carry the wire's
+                 first data frame behind it) */
     size_t a; /* offset in the step's buffer */
     size_t len;
     int slot; /* staging slot of a reduced frame, -1 if none */
@@ -677,7 +677,7 @@ static void pump_send(run *r, int lane, wstate *ws)
                  recv_ready(r, lane, st->send_dep, a, a + flen))) {
                 /* The stream carries the same bytes either way. */
                 memcpy(ws->s_hdrbuf + HDR_BYTES, st->send_buf + a, flen);
-                if (post(r, ws, 1, ws->s_step, 2, (char *)ws->s_hdrbuf, a,
+                if (post(r, ws, 1, ws->s_step, 1, (char *)ws->s_hdrbuf, a,
                          HDR_BYTES + flen, -1) != 0)
                     break;
                 ws->s_frame++;

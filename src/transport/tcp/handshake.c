@@ -193,6 +193,22 @@ static void reply_write_cb(uv_write_t *req, int status)
         slot_lost(k, uv_strerror(status));
 }
 
+/* Writes the answer to k's hello: magic, this rank, its settings. Returns
+ * weft__tcp_write's result. */
+static int send_answer(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    uv_buf_t b;
+
+    weft__put_be32(k->out, REPLY_MAGIC);
+    weft__put_be32(k->out + 4, (uint32_t)tp->rank);
+    settings_pack(tp, k->out + 8);
+    b = uv_buf_init((char *)k->out, REPLY_BYTES);
+    k->hreq.data = k;
+    return weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                           reply_write_cb);
+}
+
 /* An accepted connection's hello is complete: check and place it. */
 static void hello_done(conn *k)
 {
@@ -201,7 +217,6 @@ static void hello_done(conn *k)
     uint32_t to = weft__get_be32(k->hbuf + 12);
     uint32_t link = weft__get_be32(k->hbuf + 16);
     uint32_t lwire = weft__get_be32(k->hbuf + 20);
-    uv_buf_t b;
     slot *s = NULL;
 
     if (weft__get_be32(k->hbuf) != HELLO_MAGIC)
@@ -221,13 +236,7 @@ static void hello_done(conn *k)
          * to be closed with the others. */
         uv_read_stop((uv_stream_t *)&k->h);
         k->bad_settings = 1;
-        weft__put_be32(k->out, REPLY_MAGIC);
-        weft__put_be32(k->out + 4, (uint32_t)tp->rank);
-        settings_pack(tp, k->out + 8);
-        b = uv_buf_init((char *)k->out, REPLY_BYTES);
-        k->hreq.data = k;
-        if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
-                            reply_write_cb) != 0)
+        if (send_answer(k) != 0)
             weft__tcp_fail(tp, WEFT_ECONFIG, "%s", k->why);
         return;
     }
@@ -249,13 +258,7 @@ static void hello_done(conn *k)
     k->hgot = 0;
     k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
     tune_socket(k);
-    weft__put_be32(k->out, REPLY_MAGIC);
-    weft__put_be32(k->out + 4, (uint32_t)tp->rank);
-    settings_pack(tp, k->out + 8);
-    b = uv_buf_init((char *)k->out, REPLY_BYTES);
-    k->hreq.data = k;
-    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
-                        reply_write_cb) != 0)
+    if (send_answer(k) != 0)
         slot_lost(k, "cannot answer its hello");
 }
 
