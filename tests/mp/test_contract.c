@@ -305,6 +305,25 @@ static int halving_mismatch_rank(int rank, int nranks, void *arg)
     return finalize(c) || fail;
 }
 
+/* After a job whose ranks called with mismatched arguments: no rank
+ * returned WEFT_OK (each a mismatch, a peer's leaving or the deadline),
+ * and one saw the mismatch. what names the case in the messages. */
+static void assert_mismatch_seen(int nranks, const char *what)
+{
+    int mismatch = 0;
+
+    for (int r = 0; r < nranks; r++) {
+        int rc = shm()->rc[r][0];
+
+        mismatch |= rc == WEFT_EMISMATCH;
+        cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
+                      rc == WEFT_ETIMEDOUT,
+                  "%s: rank %d returned %s (%s)", what, r, weft_err_name(rc),
+                  shm()->msg[r]);
+    }
+    cr_assert(mismatch, "%s: no rank returned WEFT_EMISMATCH", what);
+}
+
 Test(matching, halving_all_reduce_mismatch, .timeout = 120)
 {
     static const struct halving_mismatch cases[] = {
@@ -319,27 +338,15 @@ Test(matching, halving_all_reduce_mismatch, .timeout = 120)
             .deadline_ms = JOB_DEADLINE_MS,
         };
         struct mp_result res;
-        int mismatch = 0;
+        char what[128];
 
         setenv("WEFT_TOPOLOGY", "auto", 1);
         cr_assert_eq(mp_run(&o, halving_mismatch_rank, (void *)hm, &res), 0);
         unsetenv("WEFT_TOPOLOGY");
         assert_passed(&res, "mismatched mid-size all_reduce");
-        for (int r = 0; r < hm->nranks; r++) {
-            int rc = shm()->rc[r][0];
-
-            mismatch |= rc == WEFT_EMISMATCH;
-            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
-                          rc == WEFT_ETIMEDOUT,
-                      "%d ranks, rank %d's %s differs: rank %d returned %s "
-                      "(%s)",
-                      hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count",
-                      r, weft_err_name(rc), shm()->msg[r]);
-        }
-        cr_assert(mismatch,
-                  "%d ranks, rank %d's %s differs: no rank returned "
-                  "WEFT_EMISMATCH",
-                  hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+        snprintf(what, sizeof what, "%d ranks, rank %d's %s differs",
+                 hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+        assert_mismatch_seen(hm->nranks, what);
     }
 }
 
@@ -374,7 +381,7 @@ Test(matching, hier_all_reduce_mismatch, .timeout = 120)
             .deadline_ms = JOB_DEADLINE_MS,
         };
         struct mp_result res;
-        int mismatch = 0;
+        char what[128];
 
         setenv("WEFT_TOPOLOGY", cases[i].topology, 1);
         setenv("WEFT_HIER", "1", 1);
@@ -383,22 +390,10 @@ Test(matching, hier_all_reduce_mismatch, .timeout = 120)
         unsetenv("WEFT_TOPOLOGY");
         unsetenv("WEFT_HIER_ALL_REDUCE_BYTES");
         assert_passed(&res, "mismatched hierarchical all_reduce");
-        for (int r = 0; r < hm->nranks; r++) {
-            int rc = shm()->rc[r][0];
-
-            mismatch |= rc == WEFT_EMISMATCH;
-            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
-                          rc == WEFT_ETIMEDOUT,
-                      "case %zu: %d ranks in hosts of 2, rank %d's %s "
-                      "differs: rank %d returned %s (%s)",
-                      i, hm->nranks, hm->odd_rank,
-                      hm->dtype ? "dtype" : "count", r, weft_err_name(rc),
-                      shm()->msg[r]);
-        }
-        cr_assert(mismatch,
-                  "case %zu: %d ranks in hosts of 2, rank %d's %s differs: "
-                  "no rank returned WEFT_EMISMATCH",
-                  i, hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+        snprintf(what, sizeof what,
+                 "case %zu: %d ranks in hosts of 2, rank %d's %s differs", i,
+                 hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
+        assert_mismatch_seen(hm->nranks, what);
     }
 }
 
@@ -462,7 +457,7 @@ Test(matching, hier_gather_scatter_mismatch, .timeout = 180)
             .deadline_ms = JOB_DEADLINE_MS,
         };
         struct mp_result res;
-        int mismatch = 0;
+        char what[160];
 
         setenv("WEFT_TOPOLOGY", m.h.topology, 1);
         setenv("WEFT_HIER", "1", 1);
@@ -474,23 +469,11 @@ Test(matching, hier_gather_scatter_mismatch, .timeout = 180)
         unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
         assert_passed(&res, "mismatched hierarchical all_gather or "
                             "reduce_scatter");
-        for (int r = 0; r < hm->nranks; r++) {
-            int rc = shm()->rc[r][0];
-
-            mismatch |= rc == WEFT_EMISMATCH;
-            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER ||
-                          rc == WEFT_ETIMEDOUT,
-                      "%s, case %zu: %d ranks in hosts of 2, rank %d's %s "
-                      "differs: rank %d returned %s (%s)",
-                      name, i / 2, hm->nranks, hm->odd_rank,
-                      hm->dtype ? "dtype" : "count", r, weft_err_name(rc),
-                      shm()->msg[r]);
-        }
-        cr_assert(mismatch,
-                  "%s, case %zu: %d ranks in hosts of 2, rank %d's %s "
-                  "differs: no rank returned WEFT_EMISMATCH",
-                  name, i / 2, hm->nranks, hm->odd_rank,
-                  hm->dtype ? "dtype" : "count");
+        snprintf(what, sizeof what,
+                 "%s, case %zu: %d ranks in hosts of 2, rank %d's %s differs",
+                 name, i / 2, hm->nranks, hm->odd_rank,
+                 hm->dtype ? "dtype" : "count");
+        assert_mismatch_seen(hm->nranks, what);
     }
 }
 

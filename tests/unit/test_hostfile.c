@@ -851,6 +851,17 @@ Test(topology, mesh_rank_limit)
     weft__hostfile_free(&h);
 }
 
+/* Loads weft_config.addrs (n of them) into *h, which must succeed. */
+static void load_addrs_ok(const char *const *addrs, int n,
+                          weft__hostfile_out *h)
+{
+    char err[512];
+
+    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, n, h,
+                                           err, sizeof err),
+                 WEFT_OK, "%s", err);
+}
+
 /* weft_config.addrs: consecutive ranks at one ip are one host (shared
  * memory, and the collectives see the machine), reached at that ip;
  * every pair of hosts is linked once. */
@@ -859,11 +870,8 @@ Test(addrs, consecutive_ranks_at_one_ip_are_one_host)
     const char *addrs[] = {"10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:5000",
                            "10.0.0.2:5001", "10.0.0.3:7000"};
     weft__hostfile_out h;
-    char err[512];
 
-    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 5, &h,
-                                           err, sizeof err),
-                 WEFT_OK, "%s", err);
+    load_addrs_ok(addrs, 5, &h);
     check_invariants(&h);
     cr_assert_eq(h.nranks, 5);
     cr_assert_eq(h.nhosts, 3);
@@ -886,11 +894,8 @@ Test(addrs, one_ip_is_one_host_without_links)
     const char *addrs[] = {"127.0.0.1:5000", "127.0.0.1:5001",
                            "127.0.0.1:5002"};
     weft__hostfile_out h;
-    char err[512];
 
-    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 3, &h,
-                                           err, sizeof err),
-                 WEFT_OK, "%s", err);
+    load_addrs_ok(addrs, 3, &h);
     check_invariants(&h);
     cr_assert_eq(h.nhosts, 1);
     cr_assert_eq(h.hosts[0].nranks, 3);
@@ -905,11 +910,8 @@ Test(addrs, ip_seen_again_later_is_another_host)
 {
     const char *addrs[] = {"10.0.0.1:5000", "10.0.0.2:5000", "10.0.0.1:5001"};
     weft__hostfile_out h;
-    char err[512];
 
-    cr_assert_eq(weft__hostfile_load_addrs("weft_config.addrs", addrs, 3, &h,
-                                           err, sizeof err),
-                 WEFT_OK, "%s", err);
+    load_addrs_ok(addrs, 3, &h);
     check_invariants(&h);
     cr_assert_eq(h.nhosts, 3);
     cr_assert_eq(h.nlinks, 3);
