@@ -1,12 +1,21 @@
-"""One rank of bench/torch-vs-gloo: dist.all_reduce busbw over sizes, and
-the DDP step time of a ~10M-parameter MLP, on the backend named by argv[1]
-("weft" or "gloo"). Rank 0 prints one JSON object per measurement.
+"""One rank of bench/torch-vs-gloo: dist.all_reduce busbw over sizes on the
+backend named by argv[1] ("weft" or "gloo"), or, with "ddp", the DDP step
+time of a ~10M-parameter MLP on both. Rank 0 prints one JSON object per
+measurement.
 
   torch_vs_gloo_rank.py BACKEND MINBYTES MAXBYTES STEPS [FACTOR [ITERS]]
 
-STEPS 0 skips the DDP step; FACTOR (default 4) steps the sizes; ITERS > 0
+STEPS is the number of timed DDP steps per model ("ddp" only; the
+others ignore it); FACTOR (default 4) steps the sizes; ITERS > 0
 times every size with that many iterations instead of iters_for's (bench/
-vs-peers uses both, for its all_reduce-only runs)."""
+vs-peers uses both, for its all_reduce-only runs).
+
+"ddp" runs in one set of processes, weft the default group and gloo a
+group of the same ranks, four models stepped in turn: DDP on weft, DDP on
+gloo, the same model without DDP ("none"), and DDP with a hook that
+communicates nothing ("ddp-nocomm": DDP's own bucket copies, the floor any
+backend's DDP step stays above). Steps in turn see the same machine, where two
+runs minutes apart differ by more than the backends do."""
 
 import datetime
 import json
@@ -28,7 +37,7 @@ def sizes(lo, hi, factor=4):
 
 def iters_for(nbytes):
     # About the same time per size: many small calls, a few large ones.
-    return max(5, min(300, (64 << 20) // max(nbytes, 1) // 8))
+    return max(20, min(300, (64 << 20) // max(nbytes, 1) // 8))
 
 
 def bench_allreduce(rank, size, lo, hi, out, factor=4, iters=0):
@@ -36,7 +45,7 @@ def bench_allreduce(rank, size, lo, hi, out, factor=4, iters=0):
         n = max(1, nbytes // 4)
         t = torch.ones(n, dtype=torch.float32)
         it = iters if iters > 0 else iters_for(nbytes)
-        for _ in range(max(2, it // 10)):
+        for _ in range(max(5, it // 10)):
             dist.all_reduce(t)
         dist.barrier()
         t0 = time.perf_counter()
@@ -62,48 +71,69 @@ def mlp():
     return torch.nn.Sequential(*layers[:-1])
 
 
+def _no_comm(state, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def bench_ddp(rank, size, steps, out):
+    """DDP on weft (the default group), DDP on gloo, no DDP, and DDP whose
+    hook communicates nothing, in turn."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    model = DDP(mlp())
-    nparams = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gloo = dist.new_group(backend="gloo")
+    models = {"weft": DDP(mlp()), "gloo": DDP(mlp(), process_group=gloo), "none": mlp(),
+              "ddp-nocomm": DDP(mlp())}
+    # DDP's own work (copying gradients into its buckets and back) with a
+    # hook that communicates nothing: the floor for a DDP step.
+    models["ddp-nocomm"].register_comm_hook(None, _no_comm)
+    nparams = sum(p.numel() for p in models["none"].parameters())
+    opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
     x = torch.randn(32, 1024)
     y = torch.randn(32, 512)
-    times = []
+    times = {k: [] for k in models}
+    order = list(models)
     for step in range(steps + 3):
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-        if step >= 3:
-            times.append(time.perf_counter() - t0)
-    d = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(d, op=dist.ReduceOp.MAX)
-    med = d.median().item()
-    if rank == 0:
-        out.append({"kind": "ddp", "params": nparams, "step_ms": med * 1e3})
+        # Each step starts the rotation one further on, so no backend
+        # always follows the same one.
+        for k in order[step % len(order):] + order[:step % len(order)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            opts[k].zero_grad()
+            torch.nn.functional.mse_loss(models[k](x), y).backward()
+            opts[k].step()
+            if step >= 3:
+                times[k].append(time.perf_counter() - t0)
+    for k in order:
+        d = torch.tensor(times[k], dtype=torch.float64)
+        dist.all_reduce(d, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            out.append({"kind": "ddp", "params": nparams, "step_ms": d.median().item() * 1e3,
+                        "backend": k})
 
 
 def main():
     backend, lo, hi, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     factor = int(sys.argv[5]) if len(sys.argv) > 5 else 4
     iters = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-    if backend == "weft":
+    if backend in ("weft", "ddp"):
         import weft.torch  # noqa: F401
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("weft" if backend == "ddp" else backend,
+                            timeout=datetime.timedelta(seconds=300))
     rank, size = dist.get_rank(), dist.get_world_size()
     # One thread per rank for torch's own kernels, so ranks do not fight
     # over the cores (the same for both backends).
     torch.set_num_threads(1)
     out = []
-    bench_allreduce(rank, size, lo, hi, out, factor, iters)
-    if steps > 0:
+    if backend == "ddp":
         bench_ddp(rank, size, steps, out)
+    else:
+        bench_allreduce(rank, size, lo, hi, out, factor, iters)
     dist.destroy_process_group()
     for o in out:
-        o.update(backend=backend, ranks=size)
+        o.setdefault("backend", backend)
+        o["ranks"] = size
         print(json.dumps(o), flush=True)
 
 
