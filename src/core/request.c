@@ -8,10 +8,12 @@
  * engine's). The first non-blocking post starts the communicator's
  * progress thread, which from then on runs every queued request while the
  * caller computes; a blocking call that finds requests pending queues
- * behind them and waits. Where some peer is reached only through the
- * relay, the thread starts with the communicator and keeps the transport
- * moving between operations, so that relayed messages pass through this
- * rank even while it is not inside a weft call.
+ * behind them and waits. A weft_wait that finds nobody driving runs the
+ * queue itself up to its request (drive_for), as a blocking call would,
+ * and leaves the rest to the thread. Where some peer is reached only
+ * through the relay, the thread starts with the communicator and keeps
+ * the transport moving between operations, so that relayed messages pass
+ * through this rank even while it is not inside a weft call.
  *
  * Ordering and hazards: one request runs at a time, in post order, and
  * its deadline starts when it starts; so every operation sees the results
@@ -390,13 +392,14 @@ static void finish_head(weft__sched *s, weft_comm *c, uint32_t n, int rc)
 
 /* ---- the progress thread ---- */
 
-/* Runs the queue until it is empty (s->mu held on entry and exit). */
-static void drive(weft__sched *s, weft_comm *c)
+/* Runs the queue until it is empty or, with `until`, until that request
+ * is done (s->mu held on entry and exit; the caller set s->driving). */
+static void drive(weft__sched *s, weft_comm *c, const weft_request *until)
 {
     const weft_request *b[BATCH_MAX_OPS];
     weft_request *r;
 
-    while ((r = s->head) != NULL) {
+    while ((r = s->head) != NULL && (until == NULL || until->state != R_DONE)) {
         uint32_t n = 1, hint = 0;
         int rc;
 
@@ -427,7 +430,7 @@ static void *progress_main(void *arg)
     for (;;) {
         if (s->head != NULL && !s->driving) {
             s->driving = 1;
-            drive(s, c);
+            drive(s, c, NULL);
             s->driving = 0;
             spun = 0;
             pthread_cond_broadcast(&s->cv);
@@ -628,6 +631,10 @@ void weft__sched_fini(weft_comm *c)
     if (atomic_load(&s->has_thread))
         pthread_join(s->thread, NULL);
     pthread_mutex_lock(&s->mu);
+    /* A thread in weft_wait may be running the queue (drive_for); it
+     * ends promptly now that the communicator is aborted. */
+    while (s->driving)
+        pthread_cond_wait(&s->cv, &s->mu);
     if (s->head != NULL) {
         /* Never run (no thread could start): they end here. */
         weft_request *batch = s->head;
@@ -661,6 +668,26 @@ int weft_test(weft_request *req, int *done)
     return rc;
 }
 
+/* A thread about to wait for req runs the queue itself, up to req, where
+ * nobody drives it (s->mu held): a post followed at once by a wait (every
+ * synchronous call through torch) then costs no hand-off to the progress
+ * thread and back, two wake-ups that cost more than a small operation.
+ * The progress thread takes over what is left once this one stops. */
+static void drive_for(weft__sched *s, weft_request *req)
+{
+    if (req->state != R_PENDING || s->driving || s->stop || s->c == NULL ||
+        s->head == NULL)
+        return;
+    s->driving = 1;
+    drive(s, s->c, req);
+    s->driving = 0;
+    /* Nobody else waits for the driver role unless work is left (the
+     * progress thread, a blocking call queued) or finalize waits; a
+     * broadcast for nothing would wake the progress thread per call. */
+    if (s->head != NULL || s->stop)
+        pthread_cond_broadcast(&s->cv);
+}
+
 int weft_wait(weft_request *req)
 {
     weft__sched *s;
@@ -669,6 +696,11 @@ int weft_wait(weft_request *req)
     if (req == NULL)
         return WEFT_EINVAL;
     s = req->s;
+    if (!atomic_load_explicit(&req->done, memory_order_acquire)) {
+        pthread_mutex_lock(&s->mu);
+        drive_for(s, req);
+        pthread_mutex_unlock(&s->mu);
+    }
     if (!atomic_load_explicit(&req->done, memory_order_acquire))
         idle_spin(s, &req->done, 0);
     pthread_mutex_lock(&s->mu);
