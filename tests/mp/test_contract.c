@@ -305,12 +305,25 @@ static int halving_mismatch_rank(int rank, int nranks, void *arg)
     return finalize(c) || fail;
 }
 
-/* After a job whose ranks called with mismatched arguments: no rank
+/* Runs a job of nranks placed as layout says, whose ranks (fn) call with
+ * mismatched arguments: every rank process passes (job names it), no rank
  * returned WEFT_OK (each a mismatch, a peer's leaving or the deadline),
  * and one saw the mismatch. what names the case in the messages. */
-static void assert_mismatch_seen(int nranks, const char *what)
+static void run_mismatch_job(int nranks, enum mp_layout layout, mp_rank_fn fn,
+                             void *arg, const char *job, const char *what)
 {
+    struct mp_opts o = {
+        .nranks = nranks,
+        .layout = layout,
+        .timeout_ms = 5000,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = JOB_DEADLINE_MS,
+    };
+    struct mp_result res;
     int mismatch = 0;
+
+    cr_assert_eq(mp_run(&o, fn, arg, &res), 0);
+    assert_passed(&res, job);
 
     for (int r = 0; r < nranks; r++) {
         int rc = shm()->rc[r][0];
@@ -331,22 +344,14 @@ Test(matching, halving_all_reduce_mismatch, .timeout = 120)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct halving_mismatch *hm = &cases[i];
-        struct mp_opts o = {
-            .nranks = hm->nranks,
-            .timeout_ms = 5000,
-            .connect_timeout_ms = 20000,
-            .deadline_ms = JOB_DEADLINE_MS,
-        };
-        struct mp_result res;
         char what[128];
 
-        setenv("WEFT_TOPOLOGY", "auto", 1);
-        cr_assert_eq(mp_run(&o, halving_mismatch_rank, (void *)hm, &res), 0);
-        unsetenv("WEFT_TOPOLOGY");
-        assert_passed(&res, "mismatched mid-size all_reduce");
         snprintf(what, sizeof what, "%d ranks, rank %d's %s differs",
                  hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
-        assert_mismatch_seen(hm->nranks, what);
+        setenv("WEFT_TOPOLOGY", "auto", 1);
+        run_mismatch_job(hm->nranks, MP_LAYOUT_ONE_HOST, halving_mismatch_rank,
+                         (void *)hm, "mismatched mid-size all_reduce", what);
+        unsetenv("WEFT_TOPOLOGY");
     }
 }
 
@@ -373,27 +378,19 @@ Test(matching, hier_all_reduce_mismatch, .timeout = 120)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct halving_mismatch *hm = &cases[i].hm;
-        struct mp_opts o = {
-            .nranks = hm->nranks,
-            .layout = MP_LAYOUT_PAIRS,
-            .timeout_ms = 5000,
-            .connect_timeout_ms = 20000,
-            .deadline_ms = JOB_DEADLINE_MS,
-        };
-        struct mp_result res;
         char what[128];
 
-        setenv("WEFT_TOPOLOGY", cases[i].topology, 1);
-        setenv("WEFT_HIER", "1", 1);
-        setenv("WEFT_HIER_ALL_REDUCE_BYTES", cases[i].threshold, 1);
-        cr_assert_eq(mp_run(&o, halving_mismatch_rank, (void *)hm, &res), 0);
-        unsetenv("WEFT_TOPOLOGY");
-        unsetenv("WEFT_HIER_ALL_REDUCE_BYTES");
-        assert_passed(&res, "mismatched hierarchical all_reduce");
         snprintf(what, sizeof what,
                  "case %zu: %d ranks in hosts of 2, rank %d's %s differs", i,
                  hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
-        assert_mismatch_seen(hm->nranks, what);
+        setenv("WEFT_TOPOLOGY", cases[i].topology, 1);
+        setenv("WEFT_HIER", "1", 1);
+        setenv("WEFT_HIER_ALL_REDUCE_BYTES", cases[i].threshold, 1);
+        run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, halving_mismatch_rank,
+                         (void *)hm, "mismatched hierarchical all_reduce",
+                         what);
+        unsetenv("WEFT_TOPOLOGY");
+        unsetenv("WEFT_HIER_ALL_REDUCE_BYTES");
     }
 }
 
@@ -449,31 +446,24 @@ Test(matching, hier_gather_scatter_mismatch, .timeout = 180)
         const struct hier_op_mismatch m = {hcases[i / 2], (int)(i % 2)};
         const struct halving_mismatch *hm = &m.h.hm;
         const char *name = m.gather ? "all_gather" : "reduce_scatter";
-        struct mp_opts o = {
-            .nranks = hm->nranks,
-            .layout = MP_LAYOUT_PAIRS,
-            .timeout_ms = 5000,
-            .connect_timeout_ms = 20000,
-            .deadline_ms = JOB_DEADLINE_MS,
-        };
-        struct mp_result res;
         char what[160];
 
-        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
-        setenv("WEFT_HIER", "1", 1);
-        setenv("WEFT_HIER_ALL_GATHER_BYTES", m.h.threshold, 1);
-        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
-        cr_assert_eq(mp_run(&o, hier_op_mismatch_rank, (void *)&m, &res), 0);
-        unsetenv("WEFT_TOPOLOGY");
-        unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
-        unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
-        assert_passed(&res, "mismatched hierarchical all_gather or "
-                            "reduce_scatter");
         snprintf(what, sizeof what,
                  "%s, case %zu: %d ranks in hosts of 2, rank %d's %s differs",
                  name, i / 2, hm->nranks, hm->odd_rank,
                  hm->dtype ? "dtype" : "count");
-        assert_mismatch_seen(hm->nranks, what);
+        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
+        setenv("WEFT_HIER", "1", 1);
+        setenv("WEFT_HIER_ALL_GATHER_BYTES", m.h.threshold, 1);
+        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
+        run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
+                         (void *)&m,
+                         "mismatched hierarchical all_gather or "
+                         "reduce_scatter",
+                         what);
+        unsetenv("WEFT_TOPOLOGY");
+        unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
+        unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
     }
 }
 
