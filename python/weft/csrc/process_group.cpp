@@ -351,12 +351,14 @@ class WorkWeft : public c10d::Work {
     {
         return future_;
     }
-    // weft_wait first: it polls a moment before it sleeps where the host
-    // has cores to spare, where a condition variable's wake-up alone costs
-    // more than a small all_reduce. The request is done only after its
-    // callback finished this Work, so the base's wait then returns (or
-    // throws the error) at once. With a timeout, only the base's wait.
-    // (0 is torch's kNoTimeout, in c10d:: from 2.x and global in 1.13.)
+    // weft_wait first: where nobody runs weft's queue yet it runs it on
+    // this thread, and else it polls a moment before it sleeps where the
+    // host has cores to spare; a hand-off to weft's progress thread and a
+    // wake-up back cost more than a small all_reduce. The request is done
+    // only after its callback finished this Work, so the base's wait then
+    // returns (or throws the error) at once. With a timeout, only the
+    // base's wait. (0 is torch's kNoTimeout, in c10d:: from 2.x and global
+    // in 1.13.)
     bool wait(std::chrono::milliseconds timeout =
                   std::chrono::milliseconds(0)) override
     {
