@@ -131,10 +131,16 @@ static void wire_map(shm_tp *tp, shm_wire *w)
     w->peer_aborted = w->side == 0 ? &s->aborted1 : &s->aborted0;
 }
 
+/* MAP_POPULATE: the pages are faulted in here, at set-up, on both sides.
+ * Left to first touch, each ring's pages fault in (allocated and zeroed by
+ * the writer, mapped again by the reader) during whichever calls first
+ * carry the ring's head across them: measured with 2 ranks on the 2-core
+ * VM, 20 calls of 8 KiB after 3 warm-ups, following the smaller sizes of a
+ * sweep, took 11 us each against 2.2 us once populated. */
 static int map_fd(shm_tp *tp, shm_wire *w, int fd)
 {
-    void *m =
-        mmap(NULL, seg_bytes(tp), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, seg_bytes(tp), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_POPULATE, fd, 0);
 
     if (m == MAP_FAILED)
         return weft__fail(tp->p->sink, WEFT_ENOMEM,
