@@ -33,6 +33,11 @@ static int halving_round(weft__task *t)
     weft__op op;
 
     weft__op_init(&op, a->dtype, a->op);
+    /* The next round sends what this one reduces, so a reducer thread
+     * would only add its hand-off: measured on the 16-core host over
+     * shared memory, 8 ranks, 512 KiB-2 MiB, 1.5-2.7 GB/s busbw with the
+     * thread against 3.4-4.5 without. */
+    op.inline_reduce = 1;
     if (hr.send_peer >= 0 || hr.recv_peer >= 0) {
         weft__step *st = weft__op_steps(&op, 0, 1);
 

@@ -470,7 +470,7 @@ static int reduce_later(run *r, const wstate *ws, const frame *f)
 
     if (ws->r_reducing > 0)
         return 1;
-    if (f->slot < 0 || !cfg->reduce_thread ||
+    if (f->slot < 0 || r->op.inline_reduce || !cfg->reduce_thread ||
         f->len < cfg->reduce_thread_min_bytes || e->reducer_failed)
         return 0;
     /* Without the thread the frame is reduced inline, as before: slower,
@@ -1204,8 +1204,9 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     r->frame = c->cfg->frame_bytes;
     /* With the reducer, a frame holds its slot while it waits to be
      * reduced: more slots keep the sockets read meanwhile. */
-    r->rdepth =
-        c->cfg->reduce_thread ? WEFT__RECV_DEPTH_REDUCER : WEFT__RECV_DEPTH;
+    r->rdepth = c->cfg->reduce_thread && !op->inline_reduce
+                    ? WEFT__RECV_DEPTH_REDUCER
+                    : WEFT__RECV_DEPTH;
     r->pass = k->passes++;
     r->rdst = relay != NULL ? relay->dst : -1;
     r->rsrc = relay != NULL ? relay->src : -1;

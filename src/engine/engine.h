@@ -153,6 +153,11 @@ typedef struct {
     weft_dtype dtype;
     weft_redop redop;
     size_t esize;
+    /* 1: every received frame is reduced by the thread that receives it,
+     * never handed to the reducer thread (an algorithm whose next pass
+     * sends what this one reduces has nothing to overlap the hand-off
+     * with). */
+    int inline_reduce;
     int nlanes;
     weft__lane lanes[WEFT__MAX_LANES];
 } weft__op;

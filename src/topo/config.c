@@ -254,9 +254,9 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       size_t errlen)
 {
     const char *s;
-    long v;
+    long v, halving;
     weft__hostfile_out view;
-    int rc;
+    int rc, one_host;
 
     memset(cfg, 0, sizeof *cfg);
     strcpy(cfg->transport, "tcp");
@@ -317,10 +317,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         0)
         return rc;
     cfg->doubling_all_reduce_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HALVING_ALL_REDUCE_BYTES", 0, 1L << 40,
-                      WEFT__HALVING_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
+    /* Unset: its default depends on the transport (below). */
+    if ((rc = env_int("WEFT_HALVING_ALL_REDUCE_BYTES", 0, 1L << 40, -1, &v,
+                      errmsg, errlen)) != 0)
         return rc;
-    cfg->halving_all_reduce_bytes = (size_t)v;
+    halving = v;
     if ((rc = env_int("WEFT_HALVING_FOLD_ALL_REDUCE_BYTES", 0, 1L << 40,
                       WEFT__HALVING_FOLD_ALL_REDUCE_BYTES, &v, errmsg,
                       errlen)) != 0)
@@ -379,6 +380,16 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     if ((rc = env_int("WEFT_SHM", 0, 1, 1, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->shm = (int)v;
+    /* Every peer of this job is a rank of this host: halving's fewer,
+     * larger rounds beat the ring up to several MiB through shared memory
+     * and up to 1 MiB over loopback TCP (topo.h). Across hosts the default
+     * stays the one measured over cables. */
+    one_host = cfg->nhosts == 1 && strcmp(cfg->transport, "tcp") == 0;
+    cfg->halving_all_reduce_bytes =
+        halving >= 0           ? (size_t)halving
+        : one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
+        : one_host             ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
+                               : WEFT__HALVING_ALL_REDUCE_BYTES;
     if ((rc = env_int("WEFT_SHM_RING_BYTES", 4096, 1L << 30,
                       WEFT__DEFAULT_SHM_RING_BYTES, &v, errmsg, errlen)) != 0)
         return rc;

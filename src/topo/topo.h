@@ -63,6 +63,14 @@
 #define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
 #define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
+/* The same where every rank of the job is on one host: there the ring's
+ * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through
+ * shared memory and up to 1 MiB over loopback TCP (16-core host, 8 ranks,
+ * 512 KiB: 0.5-1.0 GB/s busbw by the ring, 2.7-4.5 by halving through
+ * shared memory, 1.5-2.0 over TCP; docs/performance.md, "Shared memory:
+ * thresholds"). */
+#define WEFT__HALVING_SHM_ALL_REDUCE_BYTES (8 * 1024 * 1024)
+#define WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES (1024 * 1024)
 #define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
 /* Where hosts run several ranks each (weft__hier_local), all_reduce from
  * HIER_ALL_REDUCE_BYTES per rank (count * size) runs hierarchically:
@@ -90,7 +98,8 @@
  * every reduction inline, =1 uses the thread whatever the cores;
  * WEFT_REDUCE_THREAD_MIN_BYTES sets the size). Below it, handing a frame
  * over costs more than its reduction. Unset, the thread is used where the
- * host has at least REDUCE_THREAD_CORES cores per rank on it. */
+ * host has at least REDUCE_THREAD_CORES cores per rank on it. Recursive
+ * halving never uses it (coll/halving.c). */
 #define WEFT__REDUCE_THREAD_CORES 2
 #define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
 
