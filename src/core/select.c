@@ -26,20 +26,22 @@ enum {
 /* Which sizes a row takes (all_reduce: count * elem * ranks, gathered). */
 enum {
     ANY_SIZE,
-    UPTO_SMALL,      /* <= small_all_reduce_bytes */
-    UPTO_DOUBLING,   /* a power-of-two job, and count * elem (per rank,
-                        not gathered) <= doubling_all_reduce_bytes */
-    UPTO_MESH_SMALL, /* <= mesh_small_all_reduce_bytes */
-    UPTO_HALVING,    /* count * elem (per rank) <= halving_all_reduce_bytes
-                        (power-of-two jobs) or halving_fold_all_reduce_bytes
-                        (others); see size_fits */
-    FROM_HIER,       /* hosts with several ranks each (cfg->hier_local),
-                        WEFT_HIER on, count * elem (per rank) >=
-                        hier_all_reduce_bytes and count >= nranks */
+    UPTO_SMALL,        /* <= small_all_reduce_bytes */
+    UPTO_DOUBLING,     /* a power-of-two job, and count * elem (per rank,
+                          not gathered) <= doubling_all_reduce_bytes */
+    UPTO_MESH_SMALL,   /* <= mesh_small_all_reduce_bytes */
+    UPTO_HALVING,      /* count * elem (per rank) <= halving_all_reduce_bytes
+                          (power-of-two jobs) or halving_fold_all_reduce_bytes
+                          (others); see size_fits */
+    FROM_HIER,         /* hosts with several ranks each (cfg->hier_local),
+                          WEFT_HIER on, count * elem (per rank) >=
+                          hier_all_reduce_bytes and count >= nranks */
     FROM_HIER_GATHER,  /* the same hosts, count * elem (a rank's block) >=
                           hier_all_gather_bytes */
     FROM_HIER_SCATTER, /* the same hosts, count * elem (a rank's block) >=
                           hier_reduce_scatter_bytes */
+    FROM_HIER_BCAST,   /* the same hosts, count * elem >=
+                          hier_broadcast_bytes */
 };
 
 static int ring_gather_reduce(weft__task *t)
@@ -98,6 +100,11 @@ static const struct algo_row {
     {WEFT__OP_REDUCE_SCATTER, ON_MESH, ANY_SIZE, weft__mesh_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT, ANY_SIZE,
      weft__ring_reduce_scatter},
+    /* Broadcast: where hosts run several ranks each, large, the ring's
+     * chain even where the mesh is in effect (each byte crosses each
+     * cable once: a host's ranks are consecutive on the ring); else the
+     * mesh's scatter + all-gather, or the ring's chain. */
+    {WEFT__OP_BROADCAST, ON_MESH, FROM_HIER_BCAST, weft__ring_broadcast},
     {WEFT__OP_BROADCAST, ON_MESH, ANY_SIZE, weft__mesh_broadcast},
     {WEFT__OP_BROADCAST, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_broadcast},
     {WEFT__OP_BARRIER, ON_MESH | ON_DIRECT, ANY_SIZE, mesh_barrier},
@@ -169,6 +176,9 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
     case FROM_HIER_SCATTER:
         return c->cfg->hier && c->cfg->hier_local >= 2 &&
                bytes >= c->cfg->hier_reduce_scatter_bytes;
+    case FROM_HIER_BCAST:
+        return c->cfg->hier && c->cfg->hier_local >= 2 &&
+               bytes >= c->cfg->hier_broadcast_bytes;
     default:
         return 1;
     }

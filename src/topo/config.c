@@ -343,6 +343,10 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         0)
         return rc;
     cfg->hier_reduce_scatter_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER_BROADCAST_BYTES", 0, 1L << 40,
+                      WEFT__HIER_BROADCAST_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->hier_broadcast_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)

@@ -87,6 +87,12 @@
  * hosts then within each host, reduce_scatter the mirror (coll/hier.h). */
 #define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
 #define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
+/* The same hosts with the mesh in effect: broadcast of this many bytes
+ * (count * size) and more runs the ring's chain instead of the mesh's
+ * scatter + all-gather. A host's ranks are consecutive on the ring, so
+ * each byte crosses each cable once, where the mesh's all-gather sends
+ * every rank's chunk to every rank of every other host (L times). */
+#define WEFT__HIER_BROADCAST_BYTES (256 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
@@ -147,6 +153,7 @@ typedef struct weft__config {
     size_t hier_all_reduce_bytes; /* per rank, see the default above */
     size_t hier_all_gather_bytes;     /* a rank's block, likewise */
     size_t hier_reduce_scatter_bytes; /* a rank's block, likewise */
+    size_t hier_broadcast_bytes;      /* the buffer (count * size) */
     int hier_local; /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */

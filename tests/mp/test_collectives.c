@@ -111,8 +111,9 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
  * wires), linked to each other: all_reduce runs hierarchically from count
  * nranks on (WEFT_HIER_ALL_REDUCE_BYTES=0), within the hosts and across
  * them with the mesh (auto) or the ring; all_gather and reduce_scatter
- * from blocks of `blk` bytes (0: every count; 4096: the counts around the
- * frame run hierarchically, the small ones flat). */
+ * from blocks of `blk` bytes, and broadcast (the ring's chain across the
+ * mesh) from buffers of `blk` bytes (0: every count; 4096: the counts
+ * around the frame run hierarchically, the small ones flat). */
 #define HIER_TEST(n, topo, w, blk)                                             \
     Test(collectives, hier_##topo##_ranks##n##_wires##w##_from##blk,           \
          .timeout = 120)                                                       \
@@ -121,6 +122,7 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
         setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);                          \
         setenv("WEFT_HIER_ALL_GATHER_BYTES", #blk, 1);                         \
         setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", #blk, 1);                     \
+        setenv("WEFT_HIER_BROADCAST_BYTES", #blk, 1);                          \
         run_job_layout(n, w, #topo, "4096", MP_LAYOUT_PAIRS);                  \
     }
 
