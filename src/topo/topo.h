@@ -92,7 +92,7 @@
  * scatter + all-gather. A host's ranks are consecutive on the ring, so
  * each byte crosses each cable once, where the mesh's all-gather sends
  * every rank's chunk to every rank of every other host (L times). */
-#define WEFT__HIER_BROADCAST_BYTES (256 * 1024)
+#define WEFT__HIER_BROADCAST_BYTES (64 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
