@@ -1148,6 +1148,18 @@ static int pass_wires(run *r)
     return WEFT_OK;
 }
 
+/* The bytes op's steps reduce on arrival, all lanes together. */
+static size_t pass_reduces(const weft__op *op)
+{
+    size_t n = 0;
+
+    for (int l = 0; l < op->nlanes; l++)
+        for (int s = 0; s < op->lanes[l].nsteps; s++)
+            if (op->lanes[l].steps[s].recv_a != NULL)
+                n += op->lanes[l].steps[s].recv_len;
+    return n;
+}
+
 int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
                      const weft__relay *relay, weft__pass **out)
 {
@@ -1202,6 +1214,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     op->nlanes = 0; /* the steps are the pass's now */
     op = &r->op;
     r->frame = c->cfg->frame_bytes;
+    if (pass_reduces(op) < c->cfg->reduce_thread_pass_bytes)
+        op->inline_reduce = 1;
     /* With the reducer, a frame holds its slot while it waits to be
      * reduced: more slots keep the sockets read meanwhile. */
     r->rdepth = c->cfg->reduce_thread && !op->inline_reduce

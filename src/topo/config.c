@@ -254,7 +254,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       size_t errlen)
 {
     const char *s;
-    long v, halving;
+    long v, halving, pass_bytes, thread;
     weft__hostfile_out view;
     int rc, one_host;
 
@@ -312,6 +312,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__REDUCE_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->reduce_thread_min_bytes = (size_t)v;
+    /* Unset: its default depends on the transport (below). */
+    if ((rc = env_int("WEFT_REDUCE_THREAD_PASS_BYTES", 0, 1L << 40, -1, &v,
+                      errmsg, errlen)) != 0)
+        return rc;
+    pass_bytes = v;
     if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30,
                       WEFT__DOUBLING_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
         0)
@@ -360,6 +365,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         return rc;
     if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
         return rc;
+    thread = v;
     cfg->spare_cores = spare_cores(cfg);
     cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
 
@@ -394,6 +400,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         : one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
         : one_host             ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
                                : WEFT__HALVING_ALL_REDUCE_BYTES;
+    /* WEFT_REDUCE_THREAD=1 asks for the thread in every pass. */
+    cfg->reduce_thread_pass_bytes = pass_bytes >= 0 ? (size_t)pass_bytes
+                                    : thread < 0 && one_host && cfg->shm
+                                        ? WEFT__REDUCE_THREAD_SHM_PASS_BYTES
+                                        : 0;
     if ((rc = env_int("WEFT_SHM_RING_BYTES", 4096, 1L << 30,
                       WEFT__DEFAULT_SHM_RING_BYTES, &v, errmsg, errlen)) != 0)
         return rc;

@@ -108,6 +108,15 @@
  * halving never uses it (coll/halving.c). */
 #define WEFT__REDUCE_THREAD_CORES 2
 #define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
+/* And only in a pass that reduces at least this many bytes in all
+ * (WEFT_REDUCE_THREAD_PASS_BYTES): 0 (every pass) but where every rank is
+ * on one host with shared memory and WEFT_REDUCE_THREAD is unset (=1 asks
+ * for the thread in every pass). There the receiving thread copies the
+ * frames itself, so the thread overlaps less, and its hand-off cost more
+ * than it saved below a few MiB (16-core host, 2 ranks, the ring at 128
+ * KiB-512 KiB: 2.3-3.8 GB/s busbw with the thread, 3.9-6.1 without; no
+ * difference from 2 MiB). */
+#define WEFT__REDUCE_THREAD_SHM_PASS_BYTES (2 * 1024 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {
@@ -158,6 +167,7 @@ typedef struct weft__config {
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
+    size_t reduce_thread_pass_bytes; /* ... in passes that reduce this many */
     char transport[16]; /* "tcp" or "ibverbs" */
     int ib_slots;         /* ibverbs: staging slots per queue pair */
     size_t ib_slot_bytes; /* ibverbs: bytes per slot */

@@ -950,6 +950,24 @@ Test(env, reduce_thread_not_0_or_1, .timeout = 30)
     env_dir_remove(&d);
 }
 
+/* The thresholds whose defaults depend on the transport: a bad value is
+ * an error that names the variable, not the default. */
+Test(env, transport_thresholds_not_integers, .timeout = 30)
+{
+    static const char *const names[] = {"WEFT_HALVING_ALL_REDUCE_BYTES",
+                                        "WEFT_REDUCE_THREAD_PASS_BYTES",
+                                        "WEFT_HIER_BROADCAST_BYTES"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        struct env_dir d;
+        env_dir_make(&d);
+        env_valid(&d);
+        setenv(names[i], "-1", 1);
+        expect_econfig((const char *const[]){names[i], NULL}, NULL);
+        env_dir_remove(&d);
+        unsetenv(names[i]);
+    }
+}
+
 Test(env, launcher_rank_without_hostfile, .timeout = 30)
 {
     mp_clear_env();
