@@ -1214,7 +1214,9 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     op->nlanes = 0; /* the steps are the pass's now */
     op = &r->op;
     r->frame = c->cfg->frame_bytes;
-    if (pass_reduces(op) < c->cfg->reduce_thread_pass_bytes)
+    /* Counted only where the thread could take the pass's frames. */
+    if (c->cfg->reduce_thread && !op->inline_reduce &&
+        pass_reduces(op) < c->cfg->reduce_thread_pass_bytes)
         op->inline_reduce = 1;
     /* With the reducer, a frame holds its slot while it waits to be
      * reduced: more slots keep the sockets read meanwhile. */

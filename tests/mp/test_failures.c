@@ -950,9 +950,10 @@ Test(env, reduce_thread_not_0_or_1, .timeout = 30)
     env_dir_remove(&d);
 }
 
-/* The thresholds whose defaults depend on the transport: a bad value is
- * an error that names the variable, not the default. */
-Test(env, transport_thresholds_not_integers, .timeout = 30)
+/* The thresholds whose defaults depend on the transport: a value out of
+ * range is an error that names the variable, not a fall-back to the
+ * default. */
+Test(env, transport_thresholds_out_of_range, .timeout = 30)
 {
     static const char *const names[] = {"WEFT_HALVING_ALL_REDUCE_BYTES",
                                         "WEFT_REDUCE_THREAD_PASS_BYTES",
