@@ -58,12 +58,6 @@ static void run_done(shm_tp *tp)
     }
 }
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
-#define __SANITIZE_THREAD__ 1
-#endif
-#endif
-
 /* A full fence, between this rank's store to a ring and its look at the
  * peer's word (or the other way round). GCC refuses fences under
  * -fsanitize=thread, which does not model them; the other side of these

@@ -74,6 +74,37 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
+#define __SANITIZE_THREAD__ 1
+#endif
+#endif
+
+/* ThreadSanitizer has no interceptor for memfd_create, so it never sees a
+ * segment's descriptor made: its record of that number still holds the
+ * last owner's accesses (another thread's socket, which libuv closed with
+ * a raw system call TSan does not see either), and the segment's
+ * ftruncate, mmap and close were reported as racing with them (configprog,
+ * communicators in threads of one process). Those calls are made between
+ * SHM_FD_UNSEEN_BEGIN and _END, which under TSan ignore this thread's
+ * accesses; a segment's descriptor is used by one thread only, and its
+ * memory is shared with another process, which TSan does not see. */
+#ifdef __SANITIZE_THREAD__
+void AnnotateIgnoreReadsBegin(const char *file, int line);
+void AnnotateIgnoreReadsEnd(const char *file, int line);
+void AnnotateIgnoreWritesBegin(const char *file, int line);
+void AnnotateIgnoreWritesEnd(const char *file, int line);
+#define SHM_FD_UNSEEN_BEGIN()                                                  \
+    (AnnotateIgnoreReadsBegin(__FILE__, __LINE__),                             \
+     AnnotateIgnoreWritesBegin(__FILE__, __LINE__))
+#define SHM_FD_UNSEEN_END()                                                    \
+    (AnnotateIgnoreWritesEnd(__FILE__, __LINE__),                              \
+     AnnotateIgnoreReadsEnd(__FILE__, __LINE__))
+#else
+#define SHM_FD_UNSEEN_BEGIN() ((void)0)
+#define SHM_FD_UNSEEN_END() ((void)0)
+#endif
+
 #define SHM_MAGIC 0x4d534657u /* "WFSM" */
 #define SHM_VERSION 2u
 #define SHM_HELLO_BYTES 128
