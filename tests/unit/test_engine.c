@@ -64,6 +64,8 @@ typedef struct {
     int fail_after;     /* > 0: progress() fails after this many receives */
     int received;       /* receives completed */
     atomic_int woken;   /* wake() ran since progress() last looked */
+    int restless;       /* progress() returns at once, completing nothing */
+    int deadline_ms;    /* the call's deadline from now; 0: 60 s */
     char failure[256];  /* first broken invariant, "" if none */
 } mock;
 
@@ -166,6 +168,8 @@ static int mock_progress(weft__tp *t, uint64_t deadline_ms)
 
     (void)deadline_ms;
     m->progress_calls++;
+    if (m->restless)
+        return WEFT_OK; /* an event that moves nothing of this pass */
     if (m->failure[0] != '\0')
         return WEFT_ETRANSPORT;
     if (m->fail_after > 0 && m->received >= m->fail_after)
@@ -272,7 +276,8 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     c.recv_seq = rseq;
     c.tpo = &mock_ops;
     c.tp = (weft__tp *)m;
-    k = (weft__call){.deadline_ms = weft__now_ms() + 60000,
+    k = (weft__call){.deadline_ms = weft__now_ms() +
+                                    (m->deadline_ms ? m->deadline_ms : 60000),
                      .name = "test",
                      .kind = WEFT__OP_P2P,
                      .dtype = WEFT_INT32,
@@ -317,7 +322,7 @@ static int run_side(mock *m, int is_send, char *buf, size_t n, int reduce)
     if (rc == WEFT_OK)
         rc = weft__task_wait(&t);
     weft__engine_free(&c);
-    if (m->fail_after > 0)
+    if (m->fail_after > 0 || m->restless)
         return rc;
     cr_assert_eq(m->failure[0], '\0', "%s", m->failure);
     cr_assert_eq(rc, WEFT_OK, "n=%zu W=%d %s: %s: %s", n, m->W,
@@ -428,6 +433,38 @@ Test(engine, failure_while_reducer_busy)
         free(rb);
         free(copy);
     }
+}
+
+/* A transport whose progress() keeps returning at once with nothing
+ * done (events that move nothing this pass waits for): the pass still
+ * ends at its deadline, checked by the engine itself (not on every wait),
+ * and no later than a little after it. */
+Test(engine, deadline_with_restless_transport, .timeout = 30)
+{
+    mock *m = calloc(1, sizeof *m);
+    int32_t rb[64];
+    uint64_t t0;
+    int rc;
+
+    cr_assert_not_null(m);
+    m->W = 1;
+    m->esize = 4;
+    m->frame = FRAME;
+    m->restless = 1;
+    m->deadline_ms = 150;
+    t0 = weft__now_ms();
+    rc = run_side(m, 0, (char *)rb, sizeof rb, 0);
+    cr_assert_eq(rc, WEFT_ETIMEDOUT, "%s", weft_err_name(rc));
+    cr_assert(weft__now_ms() - t0 >= 150,
+              "ended %llu ms in, before its "
+              "deadline",
+              (unsigned long long)(weft__now_ms() - t0));
+    cr_assert(weft__now_ms() - t0 < 2000,
+              "ended %llu ms in, its deadline "
+              "was 150 ms",
+              (unsigned long long)(weft__now_ms() - t0));
+    cr_assert_gt(m->progress_calls, 8);
+    free(m);
 }
 
 Test(engine, large_awkward_sizes)

@@ -187,6 +187,9 @@ typedef struct shm_wire {
     weft__xfer *rq_head, *rq_tail;
     uint64_t r_off;
     int dead; /* the peer left (its TCP connection ended) */
+    /* When a post last asked the kernel whether the peer closed its
+     * connection (weft__shm_post_send), weft__now_ns clock. */
+    uint64_t hup_ns;
     /* Set-up messages on the TCP connection. */
     weft__xfer sx, rx_x;
     uint8_t out[SHM_HELLO_BYTES], in[SHM_HELLO_BYTES];
