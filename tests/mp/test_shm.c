@@ -117,7 +117,7 @@ Test(shm, bad_setting_is_econfig)
 
 /* ---- a local peer that dies ---- */
 
-enum { DIE_ALL_REDUCE, DIE_SEND, DIE_RECV };
+enum { DIE_ALL_REDUCE, DIE_SEND, DIE_SEND_SMALL, DIE_RECV };
 
 struct die_case {
     int what;
@@ -144,6 +144,10 @@ static int die_rank(int rank, int nranks, void *arg)
         return mp_report_rc(c, "barrier", rc);
     if (rank == victim)
         mp_point(1); /* killed here */
+    if (dc->what == DIE_SEND_SMALL)
+        /* Dead by now: the send below fits the ring, so only the post's
+         * own look at the peer can tell it left. */
+        mp_sleep_ms(500);
     t0 = mp_now_ms();
     if (dc->what == DIE_ALL_REDUCE) {
         what = "all_reduce";
@@ -151,6 +155,9 @@ static int die_rank(int rank, int nranks, void *arg)
     } else if (dc->what == DIE_SEND) {
         what = "send";
         rc = weft_send(c, v, count, WEFT_FLOAT32, victim);
+    } else if (dc->what == DIE_SEND_SMALL) {
+        what = "send of 256 bytes";
+        rc = weft_send(c, v, 64, WEFT_FLOAT32, victim);
     } else {
         what = "recv";
         rc = weft_recv(c, v, count, WEFT_FLOAT32, victim);
@@ -189,6 +196,7 @@ static struct die_case die_cases[] = {
     {DIE_ALL_REDUCE, "0"},     /* through the ring */
     {DIE_SEND, "65536"},       /* waits for the peer's read */
     {DIE_SEND, "0"},           /* waits for room in the ring */
+    {DIE_SEND_SMALL, "0"},     /* fits the ring: the post must see it */
     {DIE_RECV, "0"},           /* waits for bytes */
 };
 

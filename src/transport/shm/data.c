@@ -445,6 +445,7 @@ static int shm_pass(shm_tp *tp, int with_tcp)
     if (with_tcp) {
         rc = weft__tcp_poll(tp->tcp);
         tp->tcp_ns = weft__now_ns();
+        tp->tcp_ticks = shm_ticks();
         if (rc < 0) {
             if (tp->err == 0)
                 tp->err = rc; /* the TCP side recorded why */
@@ -629,20 +630,22 @@ int weft__shm_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
     /* A send to a peer that has left must fail rather than vanish into
      * the ring. A peer that finalized or failed says so in the segment;
      * one that died only closed its TCP connection, which the kernel is
-     * asked about where neither progress() nor an earlier send asked in
-     * the last SHM_TCP_EVERY_NS. (Asked on every send once progress() had
-     * not looked for that long, the poll() took 0.1 us of a 0.47 us 8-byte
+     * asked about where neither progress() nor an earlier send asked
+     * lately (SHM_HUP_EVERY_TICKS). (Asked on every send once progress()
+     * had not looked for 20 us, the poll() took 0.1 us of a 0.47 us 8-byte
      * all_reduce on the 2-core VM, since progress() looks only every 16th
      * pass.) */
     if (!w->dead &&
         atomic_load_explicit(w->peer_aborted, memory_order_relaxed) != 0)
         w->dead = 1;
     if (!w->dead) {
-        uint64_t now = weft__now_ns();
+        uint64_t now = shm_ticks();
 
-        if (now - tp->tcp_ns >= SHM_TCP_EVERY_NS &&
-            now - w->hup_ns >= SHM_TCP_EVERY_NS) {
-            w->hup_ns = now;
+        /* A counter read on another core may lag: a difference that wraps
+         * is large, and only makes the look happen. */
+        if (now - tp->tcp_ticks >= SHM_HUP_EVERY_TICKS &&
+            now - w->hup_ticks >= SHM_HUP_EVERY_TICKS) {
+            w->hup_ticks = now;
             w->dead = weft__tcp_peer_hup(tp->tcp, p);
         }
     }

@@ -117,6 +117,25 @@ void AnnotateIgnoreWritesEnd(const char *file, int line);
 /* While spinning, the TCP side (other hosts' wires, a peer's close) is
  * looked at this often. */
 #define SHM_TCP_EVERY_NS 20000
+
+/* A send's look at its peer's liveness (weft__shm_post_send) is due when
+ * neither progress() nor an earlier send looked for this many ticks of
+ * shm_ticks(): the time-stamp counter where there is one (a read costs a
+ * tenth of the system clock's, which took 10% of an 8-byte all_reduce on
+ * the 2-core VM), 20-100 us at its 1-5 GHz; else the clock's ns. */
+#if defined(__x86_64__) || defined(__i386__)
+#define SHM_HUP_EVERY_TICKS 100000u
+static inline uint64_t shm_ticks(void)
+{
+    return __builtin_ia32_rdtsc();
+}
+#else
+#define SHM_HUP_EVERY_TICKS SHM_TCP_EVERY_NS
+static inline uint64_t shm_ticks(void)
+{
+    return weft__now_ns();
+}
+#endif
 #define SHM_CACHE_LINE 64
 
 enum { REC_INLINE = 1, REC_CMA = 2 };
@@ -188,8 +207,8 @@ typedef struct shm_wire {
     uint64_t r_off;
     int dead; /* the peer left (its TCP connection ended) */
     /* When a post last asked the kernel whether the peer closed its
-     * connection (weft__shm_post_send), weft__now_ns clock. */
-    uint64_t hup_ns;
+     * connection (weft__shm_post_send), in shm_ticks(). */
+    uint64_t hup_ticks;
     /* Set-up messages on the TCP connection. */
     weft__xfer sx, rx_x;
     uint8_t out[SHM_HELLO_BYTES], in[SHM_HELLO_BYTES];
@@ -214,6 +233,7 @@ struct shm_tp {
     unsigned tcp_ends; /* weft__tcp_ends when last looked at */
     uint64_t spin_ns;
     uint64_t tcp_ns;    /* when the TCP side was last polled */
+    uint64_t tcp_ticks; /* the same, in shm_ticks() */
     unsigned passes;    /* tcp_due's count */
     int oversubscribed; /* more ranks on this host than cores */
     int tcp_data;       /* the TCP side carries data (other hosts, relays) */
