@@ -566,10 +566,18 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
                 return rc;
             if (tp->events != ev)
                 return WEFT_OK;
-            if ((i & 63) == 0 && weft__now_ns() - t0 >= tp->spin_ns)
-                break;
-            /* More ranks than cores: the peer waited for may need this
-             * one. */
+            if ((i & 63) == 0) {
+                uint64_t spun = weft__now_ns() - t0;
+
+                if (spun >= tp->spin_ns)
+                    break;
+                /* The peer waited for may be on this core, where it cannot
+                 * run while this rank spins (the scheduler put both ranks
+                 * there, or more ranks than cores): past SHM_YIELD_NS, each
+                 * look at the clock lets it. */
+                if (spun >= SHM_YIELD_NS)
+                    sched_yield();
+            }
             if (tp->oversubscribed)
                 sched_yield();
         }
