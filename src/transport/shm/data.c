@@ -545,6 +545,30 @@ out:
     return rc;
 }
 
+/* Says which core this rank spins on (to the peers whose segments are
+ * mapped, where that changed) and whether one of them last spun there. */
+static int peer_on_my_core(shm_tp *tp)
+{
+    int cpu = sched_getcpu();
+    uint32_t me = cpu < 0 ? 0 : (uint32_t)cpu + 1;
+    int shared = 0;
+
+    if (me == 0)
+        return 1; /* unknown: yield, as before this was known */
+    for (int i = 0; i < tp->nlocal; i++) {
+        shm_wire *w = &tp->wires[i];
+
+        if (w->seg == NULL)
+            continue;
+        if (me != tp->cpu_pub)
+            atomic_store_explicit(w->my_cpu, me, memory_order_relaxed);
+        if (atomic_load_explicit(w->peer_cpu, memory_order_relaxed) == me)
+            shared = 1;
+    }
+    tp->cpu_pub = me;
+    return shared;
+}
+
 int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
 {
     shm_tp *tp = (shm_tp *)t;
@@ -571,11 +595,9 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
 
                 if (spun >= tp->spin_ns)
                     break;
-                /* The peer waited for may be on this core, where it cannot
-                 * run while this rank spins (the scheduler put both ranks
-                 * there, or more ranks than cores): past SHM_YIELD_NS, each
-                 * look at the clock lets it. */
-                if (spun >= SHM_YIELD_NS)
+                /* A peer on this core cannot run while this rank spins
+                 * (SHM_YIELD_NS says when that was seen). */
+                if (spun >= SHM_YIELD_NS && peer_on_my_core(tp))
                     sched_yield();
             }
             if (tp->oversubscribed)

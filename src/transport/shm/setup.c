@@ -129,6 +129,8 @@ static void wire_map(shm_tp *tp, shm_wire *w)
     w->peer_sleep = w->side == 0 ? &s->sleeping1 : &s->sleeping0;
     w->my_aborted = w->side == 0 ? &s->aborted0 : &s->aborted1;
     w->peer_aborted = w->side == 0 ? &s->aborted1 : &s->aborted0;
+    w->my_cpu = w->side == 0 ? &s->cpu0 : &s->cpu1;
+    w->peer_cpu = w->side == 0 ? &s->cpu1 : &s->cpu0;
 }
 
 /* Closes a segment's descriptor (shm.h: why TSan must not see it). */

@@ -106,7 +106,7 @@ void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
 #define SHM_MAGIC 0x4d534657u /* "WFSM" */
-#define SHM_VERSION 2u
+#define SHM_VERSION 3u
 #define SHM_HELLO_BYTES 128
 #define SHM_DONE_BYTES 16
 #define SHM_FD_MSG_BYTES 24
@@ -137,13 +137,16 @@ static inline uint64_t shm_ticks(void)
 }
 #endif
 #define SHM_CACHE_LINE 64
-/* A spin that has waited this long yields the core at each look at the
- * clock (weft__shm_progress, every 64 passes). Where the scheduler puts
- * two ranks that wait for each other on one core, a spin without yields
- * holds that core until WEFT_SPIN_US ends and then sleeps: 2-core VM, 2
- * ranks under `taskset -c 0`, 8 B all_reduce, 58 us a call; with yields
- * from 5 us, 7.4 us; from 2 us, 4.6 us. Unpinned, the scheduler did that
- * in 8 of 12 runs of one hour, and it lasted whole sweeps. */
+/* A spin that has waited this long looks, at each look at the clock
+ * (every 64 passes), whether a peer of this host last spun on this core,
+ * and then yields it (weft__shm_progress). Where the scheduler puts two
+ * ranks that wait for each other on one core, a spin without yields holds
+ * that core until WEFT_SPIN_US ends and then sleeps: 2-core VM, 2 ranks
+ * under `taskset -c 0`, 8 B all_reduce, 58 us a call. Unpinned, the
+ * scheduler did that in 8 of 12 runs of one hour, and it lasted whole
+ * sweeps. Yielding whatever the peer's core, a rank also gave its core to
+ * its own progress thread (woken by each weft_iall_reduce), which cost
+ * 9-29 us a call (weft-bench -N 1). */
 #define SHM_YIELD_NS 2000
 
 enum { REC_INLINE = 1, REC_CMA = 2 };
@@ -174,6 +177,11 @@ typedef struct {
      * may have been handed back to its caller. */
     _Atomic uint32_t aborted0;
     _Atomic uint32_t aborted1;
+    /* The core side s was on when it last spun long (sched_getcpu() + 1;
+     * 0: not yet): a rank that spins yields only where a peer is on its
+     * own core (peer_on_my_core, data.c). */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t cpu0;
+    _Alignas(SHM_CACHE_LINE) _Atomic uint32_t cpu1;
     shm_ring ring[2]; /* ring[s] carries side s's bytes to the other */
 } shm_seg;
 _Static_assert(sizeof(shm_seg) <= SHM_SEG_HDR, "segment header fits a page");
@@ -200,6 +208,7 @@ typedef struct shm_wire {
     char *tx_data, *rx_data;
     _Atomic uint32_t *my_sleep, *peer_sleep;
     _Atomic uint32_t *my_aborted, *peer_aborted;
+    _Atomic uint32_t *my_cpu, *peer_cpu;
     /* Sends: frames not yet written entirely, oldest first (sq_off bytes
      * of the head written), then one-copy frames waiting for the peer's
      * read, each marked (in its got field) with the count of one-copy
@@ -243,6 +252,7 @@ struct shm_tp {
     uint64_t tcp_ns;    /* when the TCP side was last polled */
     uint64_t tcp_ticks; /* the same, in shm_ticks() */
     unsigned passes;    /* tcp_due's count */
+    uint32_t cpu_pub;   /* what this rank last stored in its my_cpu */
     int oversubscribed; /* more ranks on this host than cores */
     int tcp_data;       /* the TCP side carries data (other hosts, relays) */
     /* wake(): woken is raised for a spinning progress(), and the TCP
