@@ -56,8 +56,6 @@
 
 enum { R_PENDING, R_COMPLETING, R_DONE };
 
-/* A batch takes at most this many operations, and no more bytes than
- * this gathered over the ranks (its first operation alone may). */
 /* While posts keep coming, the progress thread naps (NAP_NS at a time,
  * up to NAPS naps after the last post) instead of sleeping until a post
  * signals it. A signal per post woke the thread, which found the poster
@@ -69,6 +67,8 @@ enum { R_PENDING, R_COMPLETING, R_DONE };
  * weft_test and a blocking call queued behind requests still signal. */
 #define NAP_NS 100000L
 #define NAPS 50
+/* A batch takes at most this many operations, and no more bytes than
+ * this gathered over the ranks (its first operation alone may). */
 #define BATCH_MAX_OPS 256
 #define BATCH_GATHERED_BYTES ((size_t)1 << 20)
 

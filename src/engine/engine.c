@@ -1235,6 +1235,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     r->pass = k->passes++;
     r->rdst = relay != NULL ? relay->dst : -1;
     r->rsrc = relay != NULL ? relay->src : -1;
+    if (relay != NULL)
+        memset(&r->rl_sh, 0, sizeof *r - offsetof(run, rl_sh));
     r->rl_sh.done = r->rl_sx.done = r->rdst < 0;
     r->rl_rh.done = r->rl_rx.done = r->rsrc < 0;
     for (int l = 0; l < op->nlanes; l++) {
@@ -1267,12 +1269,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
          * shares a direction of a wire with a lane, and a check sent to a
          * peer the lanes receive from then finds that wire read (no look
          * for a close before it, tcp/data.c). */
-        if (relay != NULL) {
-            memset(&r->rl_sh, 0, sizeof *r - offsetof(run, rl_sh));
-            r->rl_sh.done = r->rl_sx.done = r->rdst < 0;
-            r->rl_rh.done = r->rl_rx.done = r->rsrc < 0;
+        if (relay != NULL)
             post_relay(r, relay);
-        }
         plan_checks(r);
         for (int l = 0; l < op->nlanes && r->err == 0; l++)
             pump_lane(r, l);
