@@ -197,9 +197,14 @@ int weft_finalize(weft_comm *c)
     if (c == NULL)
         return WEFT_OK;
     weft__sched_fini(c);
+    /* The engine first: its reducer thread, joined there, may still be
+     * waking the transport for a job the driver already took (seen under
+     * TSan in CI: weft__shm_wake on a transport shm_destroy had freed). No
+     * frame is posted by now, so the transport holds none of its
+     * buffers. */
+    weft__engine_free(&c->x);
     if (c->x.tp != NULL)
         c->x.tpo->destroy(c->x.tp);
-    weft__engine_free(&c->x);
     weft__config_free(&c->cfg);
     free(c->tpp);
     free(c->x.send_seq);
