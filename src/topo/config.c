@@ -27,12 +27,14 @@
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
 
-/* 1 where this host has WEFT__REDUCE_THREAD_CORES cores per rank it
- * runs, counting the cores this process may run on. Then the reducer
- * thread (WEFT_REDUCE_THREAD unset) is used: it only helps where it has a
- * core of its own, and costs a little (a hand-off per frame) where it has
- * not; and the progress thread and weft_wait spin before they sleep. */
-static int spare_cores(const weft__config *cfg)
+/* Whether this host has `per` cores per rank it runs, counting the cores
+ * this process may run on. With WEFT__REDUCE_THREAD_CORES (spare_cores)
+ * the reducer thread (WEFT_REDUCE_THREAD unset) is used: it only helps
+ * where it has a core of its own, and costs a little (a hand-off per
+ * frame) where it has not; and the progress thread and weft_wait spin
+ * before they sleep. With one (own_core) the transports' waits may spin
+ * longer than WEFT_SPIN_US (transport/common.h). */
+static int cores_per_rank(const weft__config *cfg, long per)
 {
     int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -40,7 +42,7 @@ static int spare_cores(const weft__config *cfg)
 
     if (sched_getaffinity(0, sizeof set, &set) == 0)
         ncpu = CPU_COUNT(&set);
-    return ncpu >= (long)WEFT__REDUCE_THREAD_CORES * (local > 0 ? local : 1);
+    return ncpu >= per * (local > 0 ? local : 1);
 }
 
 static int env_int(const char *name, long lo, long hi, long dflt, long *out,
@@ -366,7 +368,8 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
         return rc;
     thread = v;
-    cfg->spare_cores = spare_cores(cfg);
+    cfg->spare_cores = cores_per_rank(cfg, WEFT__REDUCE_THREAD_CORES);
+    cfg->own_core = cores_per_rank(cfg, 1);
     cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
 
     /* A wait polls (yielding the core between polls) this long before it

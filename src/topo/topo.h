@@ -165,6 +165,7 @@ typedef struct weft__config {
     size_t hier_broadcast_bytes;      /* the buffer (count * size) */
     int hier_local; /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
+    int own_core;      /* 1: ... at least 1 */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
     size_t reduce_thread_pass_bytes; /* ... in passes that reduce this many */

@@ -9,6 +9,21 @@ int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire)
                       rank, wire, peer);
 }
 
+void weft__spin_init(weft__spin *s, uint64_t base_ns, int own_core)
+{
+    s->cur_ns = s->base_ns = base_ns;
+    s->max_ns = own_core ? base_ns * WEFT__SPIN_GROWTH : base_ns;
+}
+
+void weft__spin_slept(weft__spin *s, uint64_t slept_ns)
+{
+    if (slept_ns <= s->cur_ns) {
+        s->cur_ns = s->cur_ns * 2 < s->max_ns ? s->cur_ns * 2 : s->max_ns;
+    } else if (slept_ns / 4 > s->cur_ns) {
+        s->cur_ns = s->cur_ns / 2 > s->base_ns ? s->cur_ns / 2 : s->base_ns;
+    }
+}
+
 int weft__tp_spin(uint64_t spin_ns, int (*pass)(void *arg), void *arg,
                   const unsigned *events, unsigned ev)
 {

@@ -15,6 +15,29 @@
  * sink. */
 int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire);
 
+/* How long a progress() that found nothing to do polls before it sleeps.
+ * It starts at WEFT_SPIN_US. Where this host has a core per rank
+ * (own_core), a sleep that ended within the spin's length (a longer
+ * spin would have caught its event without the wake-up) doubles it, up
+ * to WEFT__SPIN_GROWTH times WEFT_SPIN_US, and a sleep of more than four
+ * times the length halves it, down to WEFT_SPIN_US. Else a wake-up of a
+ * sleeping peer, which takes 20-50 us on an idle core of a host of many,
+ * can make the next wait sleep too, and ranks that sleep in turn stay in
+ * that state: 2-20 us per small call became 18-72 us for whole runs on
+ * the 16-core host (docs/performance.md). */
+#define WEFT__SPIN_GROWTH 20u
+
+typedef struct weft__spin {
+    uint64_t cur_ns;  /* the spin's length now (0: never spin) */
+    uint64_t base_ns; /* WEFT_SPIN_US */
+    uint64_t max_ns;  /* base_ns, or WEFT__SPIN_GROWTH times it */
+} weft__spin;
+
+void weft__spin_init(weft__spin *s, uint64_t base_ns, int own_core);
+
+/* After a sleep of slept_ns that ended because something happened. */
+void weft__spin_slept(weft__spin *s, uint64_t slept_ns);
+
 /* The spin of a progress() that found nothing to do, before it sleeps:
  * for up to spin_ns (0: not at all), yields the core (oversubscribed, the
  * peer waited for may need it), then runs pass(arg), one pass of the

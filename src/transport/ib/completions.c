@@ -510,9 +510,10 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: a completion
      * channel wake-up costs more than a short message takes. */
-    rc = weft__tp_spin(tp->spin_ns, spin_pass, tp, &tp->events, ev);
+    rc = weft__tp_spin(tp->spin.cur_ns, spin_pass, tp, &tp->events, ev);
     if (rc != 0)
         return rc < 0 ? rc : WEFT_OK;
+    uint64_t slept = weft__now_ns();
     for (;;) {
         if (weft__now_ms() >= deadline_ms)
             return WEFT_ETIMEDOUT;
@@ -520,8 +521,10 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
             return rc;
         if ((rc = poll_once(tp)) != 0)
             return rc;
-        if (tp->events != ev)
+        if (tp->events != ev) {
+            weft__spin_slept(&tp->spin, weft__now_ns() - slept);
             return WEFT_OK;
+        }
     }
 }
 

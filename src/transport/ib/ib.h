@@ -92,6 +92,7 @@
 #ifndef WEFT_TRANSPORT_IB_H
 #define WEFT_TRANSPORT_IB_H
 
+#include "transport/common.h"
 #include "transport/transport.h"
 
 #include <infiniband/verbs.h>
@@ -240,7 +241,7 @@ struct ib_tp {
     int nleft;         /* peers that said goodbye */
     int setup_pending; /* TCP frames of the set-up still in flight */
     unsigned events;
-    uint64_t spin_ns;
+    weft__spin spin; /* WEFT_SPIN_US, adapted (transport/common.h) */
     ib_wire *dirty;
 };
 

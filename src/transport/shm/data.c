@@ -583,7 +583,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;
-    if (tp->spin_ns != 0) {
+    if (tp->spin.cur_ns != 0) {
         uint64_t t0 = weft__now_ns();
         for (unsigned i = 1;; i++) {
             if ((rc = spin_pass(tp)) != 0)
@@ -593,7 +593,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
             if ((i & 63) == 0) {
                 uint64_t spun = weft__now_ns() - t0;
 
-                if (spun >= tp->spin_ns)
+                if (spun >= tp->spin.cur_ns)
                     break;
                 /* A peer on this core cannot run while this rank spins
                  * (SHM_YIELD_NS says when that was seen). */
@@ -604,6 +604,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
                 sched_yield();
         }
     }
+    uint64_t slept = weft__now_ns();
     for (;;) {
         if (weft__now_ms() >= deadline_ms)
             return WEFT_ETIMEDOUT;
@@ -611,8 +612,10 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
             return rc;
         if ((rc = shm_pass(tp, 1)) != 0)
             return rc;
-        if (tp->events != ev)
+        if (tp->events != ev) {
+            weft__spin_slept(&tp->spin, weft__now_ns() - slept);
             return WEFT_OK;
+        }
     }
 }
 

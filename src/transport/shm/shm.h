@@ -65,6 +65,7 @@
 #ifndef WEFT_TRANSPORT_SHM_H
 #define WEFT_TRANSPORT_SHM_H
 
+#include "transport/common.h"
 #include "transport/transport.h"
 
 #include <stdatomic.h>
@@ -248,7 +249,7 @@ struct shm_tp {
     int shut;
     unsigned events;
     unsigned tcp_ends; /* weft__tcp_ends when last looked at */
-    uint64_t spin_ns;
+    weft__spin spin;    /* WEFT_SPIN_US, adapted (transport/common.h) */
     uint64_t tcp_ns;    /* when the TCP side was last polled */
     uint64_t tcp_ticks; /* the same, in shm_ticks() */
     unsigned passes;    /* tcp_due's count */

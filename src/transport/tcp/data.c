@@ -523,16 +523,21 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: waking a
      * sleeping process costs more than a short message takes to arrive. */
-    rc = weft__tp_spin(tp->spin_ns, spin_pass, tp, &tp->events, ev);
+    rc = weft__tp_spin(tp->spin.cur_ns, spin_pass, tp, &tp->events, ev);
     if (rc != 0)
         return rc < 0 ? rc : WEFT_OK;
     now = weft__now_ms();
     if (now >= deadline_ms)
         return WEFT_ETIMEDOUT;
+    uint64_t slept = weft__now_ns();
     uv_timer_start(&tp->timer, weft__tcp_timer_cb, deadline_ms - now, 0);
     weft__tcp_run(tp, UV_RUN_ONCE);
     if (tp->err != 0)
         return tp->err;
+    /* A turn that ended with nothing done (the loop's housekeeping timer)
+     * says nothing about how long the spin should be. */
+    if (tp->events != ev)
+        weft__spin_slept(&tp->spin, weft__now_ns() - slept);
     return WEFT_OK;
 }
 

@@ -49,6 +49,7 @@
 #ifndef WEFT_TRANSPORT_TCP_H
 #define WEFT_TRANSPORT_TCP_H
 
+#include "transport/common.h"
 #include "transport/transport.h"
 
 #include <stddef.h>
@@ -212,7 +213,7 @@ struct tcp_tp {
      * are for set-up and liveness only). */
     uint32_t wires, shm;
     int uv_writes;    /* libuv write requests whose callback has not run */
-    uint64_t spin_ns; /* poll this long before sleeping (0: never) */
+    weft__spin spin; /* poll before sleeping (transport/common.h) */
 };
 
 /* ---- what one file calls in another ---- */
