@@ -256,7 +256,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       size_t errlen)
 {
     const char *s;
-    long v, halving, pass_bytes, thread;
+    long v, halving, doubling, pass_bytes, thread;
     weft__hostfile_out view;
     int rc, one_host;
 
@@ -319,11 +319,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errmsg, errlen)) != 0)
         return rc;
     pass_bytes = v;
-    if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30,
-                      WEFT__DOUBLING_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
-        0)
+    /* Unset: its default depends on the transport and the ranks (below). */
+    if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30, -1, &v,
+                      errmsg, errlen)) != 0)
         return rc;
-    cfg->doubling_all_reduce_bytes = (size_t)v;
+    doubling = v;
     /* Unset: its default depends on the transport (below). */
     if ((rc = env_int("WEFT_HALVING_ALL_REDUCE_BYTES", 0, 1L << 40, -1, &v,
                       errmsg, errlen)) != 0)
@@ -403,6 +403,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         : one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
         : one_host             ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
                                : WEFT__HALVING_ALL_REDUCE_BYTES;
+    cfg->doubling_all_reduce_bytes =
+        doubling >= 0 ? (size_t)doubling
+        : one_host && cfg->shm && cfg->nranks >= WEFT__DOUBLING_WIDE_RANKS
+            ? WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES
+            : WEFT__DOUBLING_ALL_REDUCE_BYTES;
     /* WEFT_REDUCE_THREAD=1 asks for the thread in every pass. */
     cfg->reduce_thread_pass_bytes = pass_bytes >= 0 ? (size_t)pass_bytes
                                     : thread < 0 && one_host && cfg->shm

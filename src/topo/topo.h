@@ -62,6 +62,13 @@
 #define WEFT__MESH_SMALL_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
 #define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
+/* From this many ranks, all of one host and through shared memory,
+ * doubling's log2(n) rounds of the whole vector lose to halving earlier:
+ * at 16 ranks on the 16-core host, 16 KiB per rank took 35-51 us by
+ * doubling and 26-29 by halving, 32 KiB 55-62 against 36-40, and the two
+ * tie at 4-8 KiB (docs/performance.md, "Run 4"). */
+#define WEFT__DOUBLING_WIDE_RANKS 16
+#define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 /* The same where every rank of the job is on one host: there the ring's
  * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through
