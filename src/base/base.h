@@ -53,6 +53,12 @@ uint64_t weft__now_ms(void);
 /* Nanoseconds on the same clock, for spin loops. */
 uint64_t weft__now_ns(void);
 
+/* 1 on weft's progress thread (core/request.c), whose waits run beside the
+ * application's own threads (a framework computing while its operations
+ * are pending): a transport's wait there spins WEFT_SPIN_US and no longer
+ * (transport/common.h). 0 on every other thread. */
+extern _Thread_local int weft__on_progress_thread;
+
 /* A transport's first failure: where *tp_err is still 0, sets it to err
  * and records the message in sink (weft__fail); later failures, which
  * are consequences of the first, are dropped. */

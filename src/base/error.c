@@ -121,6 +121,8 @@ uint64_t weft__now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+_Thread_local int weft__on_progress_thread;
+
 uint64_t weft__now_ns(void)
 {
     struct timespec ts;

@@ -473,6 +473,7 @@ static void *progress_main(void *arg)
     int spun = 0;        /* idle_spin ran since the last work */
     int naps = 0;        /* naps left before a sleep that posts must end */
 
+    weft__on_progress_thread = 1;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         if (s->head != NULL && !s->driving) {

@@ -17,6 +17,8 @@ void weft__spin_init(weft__spin *s, uint64_t base_ns, int own_core)
 
 void weft__spin_slept(weft__spin *s, uint64_t slept_ns)
 {
+    if (weft__on_progress_thread)
+        return;
     if (slept_ns <= s->cur_ns) {
         s->cur_ns = s->cur_ns * 2 < s->max_ns ? s->cur_ns * 2 : s->max_ns;
     } else if (slept_ns / 4 > s->cur_ns) {

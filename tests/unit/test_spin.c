@@ -77,3 +77,21 @@ Test(spin, fixed_without_a_core_per_rank_or_at_zero)
     weft__spin_slept(&s, 1 * US);
     cr_assert_eq(s.cur_ns, 0);
 }
+
+/* On weft's progress thread the spin is WEFT_SPIN_US whatever the sleeps
+ * (the application's threads may need the core); the length learned on
+ * the application's threads is kept for them. */
+Test(spin, the_progress_thread_spins_the_setting)
+{
+    weft__spin s;
+
+    weft__spin_init(&s, 50 * US, 1);
+    weft__spin_slept(&s, 10 * US);
+    cr_assert_eq(weft__spin_len(&s), 100 * US);
+    weft__on_progress_thread = 1;
+    cr_assert_eq(weft__spin_len(&s), 50 * US);
+    weft__spin_slept(&s, 10 * US);
+    weft__spin_slept(&s, 100000 * US);
+    weft__on_progress_thread = 0;
+    cr_assert_eq(weft__spin_len(&s), 100 * US);
+}

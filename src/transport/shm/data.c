@@ -583,7 +583,8 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;
-    if (tp->spin.cur_ns != 0) {
+    uint64_t spin_ns = weft__spin_len(&tp->spin);
+    if (spin_ns != 0) {
         uint64_t t0 = weft__now_ns();
         for (unsigned i = 1;; i++) {
             if ((rc = spin_pass(tp)) != 0)
@@ -593,7 +594,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
             if ((i & 63) == 0) {
                 uint64_t spun = weft__now_ns() - t0;
 
-                if (spun >= tp->spin.cur_ns)
+                if (spun >= spin_ns)
                     break;
                 /* A peer on this core cannot run while this rank spins
                  * (SHM_YIELD_NS says when that was seen). */
