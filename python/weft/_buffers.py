@@ -67,6 +67,8 @@ _NATIVE = "<" if sys.byteorder == "little" else ">"
 
 def as_op(op):
     """An Op from an Op, its int value or its name ("sum", "MAX")."""
+    if type(op) is Op:
+        return op
     if isinstance(op, str):
         try:
             return Op[op.upper()]
@@ -130,23 +132,31 @@ def _describe(obj, mv):
     return "format %r (%d-byte items)" % (mv.format, mv.itemsize)
 
 
+_FORMATS = {}  # (format, itemsize) -> DType, filled as formats are seen
+
+
 def _infer(obj, mv, what):
-    found = _from_format(mv.format, mv.itemsize)
-    if found is None:
-        # numpy extension dtypes (ml_dtypes' bfloat16) may export an
-        # unhelpful format; their name says what they are.
-        name = getattr(getattr(obj, "dtype", None), "name", None)
-        if name == "bfloat16" and mv.itemsize == 2:
-            return DType.BFLOAT16
-        if mv.format[:1] in "<>!" and mv.format[:1] != _NATIVE:
-            raise InvalidArgument(
-                "%s has non-native byte order (%s): weft moves native "
-                "values; convert it (numpy: x.astype(x.dtype.newbyteorder"
-                "('='))" % (what, _describe(obj, mv)))
+    key = (mv.format, mv.itemsize)
+    found = _FORMATS.get(key)
+    if found is not None:
+        return found
+    found = _from_format(*key)
+    if found is not None:
+        _FORMATS[key] = found
+        return found
+    # numpy extension dtypes (ml_dtypes' bfloat16) may export an unhelpful
+    # format; their name says what they are.
+    name = getattr(getattr(obj, "dtype", None), "name", None)
+    if name == "bfloat16" and mv.itemsize == 2:
+        return DType.BFLOAT16
+    if mv.format[:1] in "<>!" and mv.format[:1] != _NATIVE:
         raise InvalidArgument(
-            "%s has %s, which is not a weft dtype; weft takes %s" %
-            (what, _describe(obj, mv), _SUPPORTED))
-    return found
+            "%s has non-native byte order (%s): weft moves native "
+            "values; convert it (numpy: x.astype(x.dtype.newbyteorder"
+            "('='))" % (what, _describe(obj, mv)))
+    raise InvalidArgument(
+        "%s has %s, which is not a weft dtype; weft takes %s" %
+        (what, _describe(obj, mv), _SUPPORTED))
 
 
 class Buf:
@@ -205,7 +215,9 @@ def _address(obj, mv):
     if mv.nbytes == 0:
         return None, None        # count 0: NULL is legal
     if not mv.readonly:
-        c = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+        # One c_char over the first byte: it keeps the buffer exported as
+        # an array over all of it would, and costs a third of one.
+        c = ctypes.c_char.from_buffer(mv)
         return ctypes.addressof(c), c
     # ctypes can take the address of writable buffers only; read-only ones
     # are send buffers, which weft only reads.

@@ -530,9 +530,12 @@ class Comm:
                         strerror(rc))
 
     def _call(self, fn, args):
-        _refuse_in_callback("Comm")
+        if getattr(_tls, "in_callback", False):
+            _refuse_in_callback("Comm")
         with self._op_lock:
-            h = self._live_handle()
+            h = self._h
+            if h is None:
+                self._live_handle()  # raises
             rc = fn(h, *args)
             if rc != 0:
                 self._raise(rc)

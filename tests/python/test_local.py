@@ -268,6 +268,24 @@ def test_done_callbacks(solo):
     assert seen == [("a", req), ("b", req)]
 
 
+def test_a_done_callback_cannot_call_weft(solo):
+    # It runs in the thread that completes requests; a blocking call there
+    # would stop that thread, so weft refuses it with a RuntimeError.
+    seen = []
+
+    def cb(r):
+        try:
+            solo.all_reduce(bytearray(4))
+        except RuntimeError as e:
+            seen.append(str(e))
+
+    req = solo.iall_reduce(bytearray(4))
+    req.add_done_callback(cb)
+    req.wait()
+    assert len(seen) == 1 and "done callback" in seen[0]
+    solo.all_reduce(bytearray(4))        # outside it, still usable
+
+
 def test_threads_share_a_comm(solo):
     # Posts from several threads are serialised by the Comm's lock.
     errors = []
