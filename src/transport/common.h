@@ -7,6 +7,7 @@
 #define WEFT_TRANSPORT_COMMON_H
 
 #include "base/base.h"
+#include "topo/topo.h"
 
 #include <stdint.h>
 
@@ -40,7 +41,9 @@ typedef struct weft__spin {
     uint64_t max_ns;  /* base_ns, or WEFT__SPIN_GROWTH times it */
 } weft__spin;
 
-void weft__spin_init(weft__spin *s, uint64_t base_ns, int own_core);
+/* From the communicator's settings: WEFT_SPIN_US, and whether the host
+ * has a core per rank. */
+void weft__spin_init(weft__spin *s, const weft__config *cfg);
 
 /* How long this thread's wait spins now. */
 static inline uint64_t weft__spin_len(const weft__spin *s)

@@ -7,11 +7,20 @@
 
 #define US 1000u
 
+/* A spin set up as a transport sets it up: WEFT_SPIN_US = spin_us, and
+ * whether the host has a core per rank. */
+static void spin_init(weft__spin *s, int spin_us, int own_core)
+{
+    weft__config cfg = {.spin_us = spin_us, .own_core = own_core};
+
+    weft__spin_init(s, &cfg);
+}
+
 Test(spin, starts_at_the_setting)
 {
     weft__spin s;
 
-    weft__spin_init(&s, 50 * US, 1);
+    spin_init(&s, 50, 1);
     cr_assert_eq(s.cur_ns, 50 * US);
     cr_assert_eq(s.max_ns, 50 * US * WEFT__SPIN_GROWTH);
 }
@@ -23,7 +32,7 @@ Test(spin, short_sleeps_lengthen_it_to_the_cap)
     weft__spin s;
     uint64_t want = 50 * US;
 
-    weft__spin_init(&s, 50 * US, 1);
+    spin_init(&s, 50, 1);
     for (int i = 0; i < 10; i++) {
         weft__spin_slept(&s, 30 * US);
         want = want * 2 > 1000 * US ? 1000 * US : want * 2;
@@ -39,7 +48,7 @@ Test(spin, long_sleeps_shorten_it_to_the_setting)
 {
     weft__spin s;
 
-    weft__spin_init(&s, 50 * US, 1);
+    spin_init(&s, 50, 1);
     for (int i = 0; i < 5; i++)
         weft__spin_slept(&s, 10 * US);
     cr_assert_eq(s.cur_ns, 1000 * US);
@@ -56,7 +65,7 @@ Test(spin, middling_sleeps_leave_it)
 {
     weft__spin s;
 
-    weft__spin_init(&s, 50 * US, 1);
+    spin_init(&s, 50, 1);
     weft__spin_slept(&s, 51 * US);
     cr_assert_eq(s.cur_ns, 50 * US);
     weft__spin_slept(&s, 200 * US);
@@ -69,10 +78,10 @@ Test(spin, fixed_without_a_core_per_rank_or_at_zero)
 {
     weft__spin s;
 
-    weft__spin_init(&s, 50 * US, 0);
+    spin_init(&s, 50, 0);
     weft__spin_slept(&s, 1 * US);
     cr_assert_eq(s.cur_ns, 50 * US);
-    weft__spin_init(&s, 0, 1);
+    spin_init(&s, 0, 1);
     weft__spin_slept(&s, 0);
     weft__spin_slept(&s, 1 * US);
     cr_assert_eq(s.cur_ns, 0);
@@ -85,7 +94,7 @@ Test(spin, the_progress_thread_spins_the_setting)
 {
     weft__spin s;
 
-    weft__spin_init(&s, 50 * US, 1);
+    spin_init(&s, 50, 1);
     weft__spin_slept(&s, 10 * US);
     cr_assert_eq(weft__spin_len(&s), 100 * US);
     weft__on_progress_thread = 1;

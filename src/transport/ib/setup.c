@@ -403,8 +403,7 @@ static int ib_create(const weft__tp_params *p, weft__tp **out)
     tp->credit_max = tp->slots + 2;
     tp->sq_depth = tp->slots + tp->credit_max;
     tp->rq_depth = 2 * tp->slots + 4;
-    weft__spin_init(&tp->spin, (uint64_t)p->cfg->spin_us * 1000u,
-                    p->cfg->own_core);
+    weft__spin_init(&tp->spin, p->cfg);
     weft__sigpipe_block(&sp);
     rc = ib_create_guarded(tp);
     weft__sigpipe_restore(&sp);

@@ -568,8 +568,7 @@ static int shm_create(const weft__tp_params *p, weft__tp **out)
     tp->sock = -1;
     tp->ring_bytes = p->cfg->shm_ring_bytes;
     tp->cma_bytes = p->cfg->shm_cma_bytes;
-    weft__spin_init(&tp->spin, (uint64_t)p->cfg->spin_us * 1000u,
-                    p->cfg->own_core);
+    weft__spin_init(&tp->spin, p->cfg);
     tp->probe = random64();
     /* The TCP side: every wire of plain TCP, but one connection to each
      * peer of this host (set-up and liveness only). */

@@ -287,8 +287,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     tp->housekeep.data = tp;
     uv_async_init(&tp->loop, &tp->async, async_cb);
     tp->async.data = tp;
-    weft__spin_init(&tp->spin, (uint64_t)cfg->spin_us * 1000u,
-                    cfg->own_core);
+    weft__spin_init(&tp->spin, cfg);
     uv_tcp_init(&tp->loop, &tp->listener);
     tp->listener.data = tp;
     tp->handles = 1;
