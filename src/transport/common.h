@@ -45,10 +45,19 @@ typedef struct weft__spin {
  * has a core per rank. */
 void weft__spin_init(weft__spin *s, const weft__config *cfg);
 
-/* How long this thread's wait spins now. */
-static inline uint64_t weft__spin_len(const weft__spin *s)
+/* How long this thread's wait spins now. A spin longer than
+ * WEFT_SPIN_US ends at the deadline (deadline_ms, on weft__now_ms()'s
+ * clock), so that the length learned does not keep a call past it. */
+static inline uint64_t weft__spin_len(const weft__spin *s, uint64_t deadline_ms)
 {
-    return weft__on_progress_thread ? s->base_ns : s->cur_ns;
+    uint64_t len = weft__on_progress_thread ? s->base_ns : s->cur_ns;
+
+    if (len > s->base_ns && deadline_ms < UINT64_MAX / 1000000u) {
+        uint64_t now = weft__now_ns(), end = deadline_ms * 1000000u;
+
+        len = now >= end ? 0 : end - now < len ? end - now : len;
+    }
+    return len;
 }
 
 /* After a sleep of slept_ns that ended because something happened. */

@@ -96,11 +96,26 @@ Test(spin, the_progress_thread_spins_the_setting)
 
     spin_init(&s, 50, 1);
     weft__spin_slept(&s, 10 * US);
-    cr_assert_eq(weft__spin_len(&s), 100 * US);
+    cr_assert_eq(weft__spin_len(&s, UINT64_MAX), 100 * US);
     weft__on_progress_thread = 1;
-    cr_assert_eq(weft__spin_len(&s), 50 * US);
+    cr_assert_eq(weft__spin_len(&s, UINT64_MAX), 50 * US);
     weft__spin_slept(&s, 10 * US);
     weft__spin_slept(&s, 100000 * US);
     weft__on_progress_thread = 0;
-    cr_assert_eq(weft__spin_len(&s), 100 * US);
+    cr_assert_eq(weft__spin_len(&s, UINT64_MAX), 100 * US);
+}
+
+/* A learned spin longer than WEFT_SPIN_US ends at the deadline; one that
+ * is past is no spin at all. WEFT_SPIN_US itself is left as it was. */
+Test(spin, a_longer_spin_ends_at_the_deadline)
+{
+    weft__spin s;
+    uint64_t now_ms = weft__now_ms();
+
+    spin_init(&s, 50, 1);
+    cr_assert_eq(weft__spin_len(&s, now_ms), 50 * US);
+    for (int i = 0; i < 5; i++)
+        weft__spin_slept(&s, 10 * US);
+    cr_assert_eq(weft__spin_len(&s, now_ms + 60000), 1000 * US);
+    cr_assert_eq(weft__spin_len(&s, now_ms > 0 ? now_ms - 1 : 0), 0);
 }

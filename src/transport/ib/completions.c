@@ -510,8 +510,8 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: a completion
      * channel wake-up costs more than a short message takes. */
-    rc = weft__tp_spin(weft__spin_len(&tp->spin), spin_pass, tp, &tp->events,
-                       ev);
+    rc = weft__tp_spin(weft__spin_len(&tp->spin, deadline_ms), spin_pass, tp,
+                       &tp->events, ev);
     if (rc != 0)
         return rc < 0 ? rc : WEFT_OK;
     uint64_t slept = weft__now_ns();

@@ -583,7 +583,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;
-    uint64_t spin_ns = weft__spin_len(&tp->spin);
+    uint64_t spin_ns = weft__spin_len(&tp->spin, deadline_ms);
     if (spin_ns != 0) {
         uint64_t t0 = weft__now_ns();
         for (unsigned i = 1;; i++) {

@@ -523,8 +523,8 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
         return WEFT_OK;
     /* With a core to spare, poll a little before sleeping: waking a
      * sleeping process costs more than a short message takes to arrive. */
-    rc = weft__tp_spin(weft__spin_len(&tp->spin), spin_pass, tp, &tp->events,
-                       ev);
+    rc = weft__tp_spin(weft__spin_len(&tp->spin, deadline_ms), spin_pass, tp,
+                       &tp->events, ev);
     if (rc != 0)
         return rc < 0 ? rc : WEFT_OK;
     now = weft__now_ms();
