@@ -42,6 +42,14 @@ int weft__doubling_all_reduce(weft__task *t);
  * two ranks exchanges headers). */
 int weft__halving_all_reduce(weft__task *t);
 
+/* Through the box (engine.h: every rank of the job on this host, c->box
+ * != 0), the whole job: every rank publishes its input to every other and
+ * reduces all of them in rank order 0..n-1, as the gather above, in one
+ * slot per rank instead of frames (count * size <= c->box); and the
+ * barrier, a header alone from each rank to every other. */
+int weft__box_all_reduce(weft__task *t);
+int weft__box_barrier(weft__task *t);
+
 /* A barrier: an all_gather (with `gather`) of one byte per rank, so no
  * rank leaves before it has heard from every other. */
 int weft__barrier(weft__task *t, weft__algo_fn gather);

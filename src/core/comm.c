@@ -139,8 +139,10 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
     for (int p = 0; p < c->x.nranks; p++)
         if (p != c->x.rank && c->x.tpo->nwires(c->x.tp, p) == 0)
             c->relays = 1;
-    if (c->x.tp != NULL)
+    if (c->x.tp != NULL) {
         c->topo = weft__topology(&c->x);
+        weft__box_init(&c->x);
+    }
     /* A rank that forwards relayed messages keeps doing it between its
      * own operations. */
     if (c->relays && (rc = weft__sched_relays(c)) != 0) {

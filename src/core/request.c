@@ -223,6 +223,8 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     weft__task_init(t, &c->x, k, &d->a);
     if ((rc = d->post(t)) == WEFT_OK)
         rc = weft__task_wait(t);
+    if (rc == WEFT_OK && d->kind != WEFT__OP_P2P)
+        weft__call_end(&c->x, seq);
     if (rc != WEFT_OK && atomic_load(&c->x.fail.code) != 0)
         atomic_store(&c->reported, 1);
     /* Every rank's hint, lowered to the minimum by the call's headers. */
@@ -346,8 +348,11 @@ static int run_batch(weft_comm *c, weft_request *const *b, uint32_t n,
     d.a.count = total;
     rc = run_op(c, &d, r->timeout_ms, r->seq, hint, batch_parts(b, n), &r->k,
                 &r->t);
-    if (rc == WEFT_OK)
+    if (rc == WEFT_OK) {
         batch_copy(b, n, es, c->batch_buf, 0);
+        /* The batch took the numbers of all its operations. */
+        weft__call_end(&c->x, b[n - 1]->seq);
+    }
     return rc;
 }
 

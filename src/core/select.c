@@ -26,6 +26,8 @@ enum {
 /* Which sizes a row takes (all_reduce: count * elem * ranks, gathered). */
 enum {
     ANY_SIZE,
+    UPTO_BOX,          /* every rank on this host with a box (c->box), and
+                          count * elem <= box_bytes and <= c->box */
     UPTO_SMALL,        /* <= small_all_reduce_bytes */
     UPTO_DOUBLING,     /* a power-of-two job, and count * elem (per rank,
                           not gathered) <= doubling_all_reduce_bytes */
@@ -79,6 +81,8 @@ static const struct algo_row {
      * Mid sizes among one host's ranks: recursive halving + doubling,
      * 2 log2(n) rounds where the ring has 2n-2 dependent steps. Large:
      * reduce-scatter + all-gather, direct or around the ring. */
+    {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX,
+     weft__box_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER,
      weft__hier_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, UPTO_MESH_SMALL, mesh_gather_reduce},
@@ -107,6 +111,8 @@ static const struct algo_row {
     {WEFT__OP_BROADCAST, ON_MESH, FROM_HIER_BCAST, weft__ring_broadcast},
     {WEFT__OP_BROADCAST, ON_MESH, ANY_SIZE, weft__mesh_broadcast},
     {WEFT__OP_BROADCAST, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_broadcast},
+    {WEFT__OP_BARRIER, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX,
+     weft__box_barrier},
     {WEFT__OP_BARRIER, ON_MESH | ON_DIRECT, ANY_SIZE, mesh_barrier},
     {WEFT__OP_BARRIER, ON_RING, ANY_SIZE, ring_barrier},
 };
@@ -146,6 +152,8 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
     const int pow2 = (c->nranks & (c->nranks - 1)) == 0;
 
     switch (sizes) {
+    case UPTO_BOX:
+        return c->box != 0 && bytes <= c->cfg->box_bytes && bytes <= c->box;
     case UPTO_SMALL:
         return gathered <= c->cfg->small_all_reduce_bytes;
     case UPTO_DOUBLING:

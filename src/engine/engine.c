@@ -153,6 +153,16 @@ typedef struct weft__pass {
     /* Relayed point to point (see below): the peers, -1 for a way that
      * is left out; the transfers are at the end. */
     int rdst, rsrc;
+    /* A box pass (weft__box_start): no lanes; its message is published
+     * (box_put), box_left peers' messages still to come (box_got: which
+     * came), each landing at box_out + peer * box_len. */
+    int box;
+    int box_put;
+    int box_waited; /* the first wait's spin is over, the watch set */
+    int box_left;
+    uint64_t box_got;
+    size_t box_len;
+    char *box_out;
     /* A pass starts by zeroing what is above; below, what it sets for
      * each of its op's lanes, and what the engine's spare pass keeps for
      * the next one. */
@@ -177,9 +187,14 @@ typedef struct weft__pass {
     relay_xfer rl_sh, rl_sx, rl_rh, rl_rx;
     uint8_t rl_shdr[HDR_BYTES], rl_rhdr[HDR_BYTES];
     ophdr rl_want;
+    /* A box pass's message: its header, then its data. */
+    uint8_t box_msg[WEFT__BOX_MSG_MAX];
 } run;
 
 static void pump_lane(run *r, int lane);
+static int box_poll(run *r);
+static int box_wait(run *r);
+static void box_announce(run *r);
 
 /* How many wire states lane l has: one per wire it sends or receives on. */
 static int lane_wires(const run *r, int l)
@@ -779,6 +794,21 @@ static int lane_done(const run *r, int lane)
 static void describe_wait(const run *r, char *out, size_t outlen)
 {
     snprintf(out, outlen, "nothing");
+    if (r->box) {
+        for (int p = 0; p < r->c->nranks; p++)
+            if (p != r->c->rank && (r->box_got >> p & 1) == 0) {
+                snprintf(out, outlen,
+                         "peer %d to start the same call (its message in "
+                         "shared memory)",
+                         p);
+                return;
+            }
+        if (!r->box_put)
+            snprintf(out, outlen,
+                     "a peer several calls behind to take this rank's "
+                     "earlier messages from shared memory");
+        return;
+    }
     for (int i = 0; i < r->nchecks; i++) {
         const check *k = &r->checks[i];
         if (k->recv && !k->got) {
@@ -827,7 +857,7 @@ void weft__pass_wait(weft__pass *r)
     char what[160];
     int rc;
 
-    if (r->err != 0 || reap(r))
+    if (r->err != 0 || (r->box ? box_wait(r) : reap(r)))
         return;
     /* The deadline is checked here too, not only by the transport: one
      * whose progress() keeps returning early (events that move nothing
@@ -842,7 +872,10 @@ void weft__pass_wait(weft__pass *r)
     else if ((rc = (++r->waits & 7) == 0 && weft__now_ms() >= deadline
                        ? WEFT_ETIMEDOUT
                        : c->tpo->progress(c->tp, deadline)) == 0) {
-        reap(r);
+        if (r->box)
+            box_poll(r);
+        else
+            reap(r);
         return;
     } else if (r->err != 0)
         /* A completion failed the pass meanwhile: the first cause wins. */
@@ -867,13 +900,13 @@ static int engine_ensure(weft__ctx *c)
     struct weft__engine *e = c->eng;
     int maxw = 1;
 
+    if (e != NULL)
+        return WEFT_OK;
     for (int p = 0; p < c->nranks; p++) {
         int n = c->tpo->nwires(c->tp, p);
         if (n > maxw)
             maxw = n;
     }
-    if (e != NULL)
-        return WEFT_OK;
     e = calloc(1, sizeof *e);
     if (e == NULL)
         return WEFT_ENOMEM;
@@ -1264,6 +1297,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
                 r->rseq[l] = c->recv_seq[ln->recv_peer]++;
         }
     }
+    if (r->err == 0 && r->pass == 0 && c->box != 0 && k->kind != WEFT__OP_P2P)
+        box_announce(r);
     if (r->err == 0) {
         /* The relayed halves first, then the lanes: a check channel never
          * shares a direction of a wire with a lane, and a check sent to a
@@ -1284,6 +1319,8 @@ int weft__pass_test(const weft__pass *r)
 {
     if (r->err != 0)
         return r->err;
+    if (r->box)
+        return r->box_put && r->box_left == 0 ? WEFT_OK : WEFT__PENDING;
     if (!check_done(r) || !relay_done_all(r))
         return WEFT__PENDING;
     for (int l = 0; l < r->op.nlanes; l++)
@@ -1298,6 +1335,8 @@ void weft__pass_end(weft__pass *r, int rc)
 
     if (rc == WEFT_OK)
         rc = weft__pass_test(r);
+    if (r->box)
+        c->tpo->box_watch(c->tp, 0);
 #ifndef NDEBUG
     /* The design's invariant: an operation that ends has no frame in
      * flight on any wire (a failed one is shut down below instead). */
@@ -1320,4 +1359,237 @@ void weft__pass_end(weft__pass *r, int rc)
         c->tpo->shutdown(c->tp);
     }
     pass_free(c, r);
+}
+
+/* ---- the box (engine.h) ---- */
+
+/* The tags of a box pass's header, and of the header a call that runs on
+ * frames publishes in the box (so that a rank whose call went to the box
+ * sees a peer's call that did not, and fails with WEFT_EMISMATCH instead
+ * of waiting for its deadline). */
+#define TAG_BOX 0xfffdu
+#define TAG_BOX_FRAMES 0xfffcu
+
+/* A box message's header: what the call's header holds that its slot
+ * does not (the slot has the call's number; the message's length gives
+ * the data's), 24 bytes where the full one takes 52, so that a small
+ * message fits the slot's first cache line. */
+#define BOX_HDR_BYTES 24
+
+static void box_hdr_encode(uint8_t *b, const weft__call *k, int pass)
+{
+    b[0] = (uint8_t)k->kind;
+    b[1] = (uint8_t)k->dtype;
+    b[2] = (uint8_t)k->redop;
+    b[3] = (uint8_t)pass;
+    weft__put_le32(b + 4, (uint32_t)k->root);
+    weft__put_le64(b + 8, k->count);
+    weft__put_le64(b + 16, k->parts);
+}
+
+/* The full header (HDR_BYTES, to compare as the frames' are) of a box
+ * message of len bytes for call k, whose hint is taken as this rank's. */
+static void box_hdr_full(const uint8_t *b, size_t len, const weft__call *k,
+                         uint8_t *out)
+{
+    ophdr h = {
+        .magic = HDR_MAGIC,
+        .kind = b[0],
+        .dtype = b[1],
+        .redop = b[2],
+        .pass = b[3],
+        .tag = TAG_BOX,
+        .root = (int32_t)weft__get_le32(b + 4),
+        .seq = k->seq,
+        .count = weft__get_le64(b + 8),
+        .total = len - BOX_HDR_BYTES,
+        .parts = weft__get_le64(b + 16),
+        .hint = k->hint,
+    };
+    hdr_encode(out, &h);
+}
+
+void weft__box_init(weft__ctx *c)
+{
+    size_t least = WEFT__BOX_MSG_MAX;
+
+    c->box = 0;
+    if (c->tpo->box_bytes == NULL || c->nranks > 64)
+        return;
+    for (int p = 0; p < c->nranks; p++) {
+        size_t b = p == c->rank ? least : c->tpo->box_bytes(c->tp, p);
+
+        if (b < least)
+            least = b;
+    }
+    if (least > BOX_HDR_BYTES)
+        c->box = least - BOX_HDR_BYTES;
+}
+
+/* Publishes r's message where it is not yet, and takes the peers' that
+ * came: their headers are checked, their data lands in box_out. Returns
+ * r->err. */
+static int box_poll(run *r)
+{
+    weft__ctx *c = r->c;
+    const uint64_t seq = r->k->seq;
+    uint8_t m[WEFT__BOX_MSG_MAX], full[HDR_BYTES];
+    ophdr want;
+    int rc, left = -1, left_mid = -1;
+
+    if (r->err != 0)
+        return r->err;
+    if (!r->box_put) {
+        rc =
+            c->tpo->box_put(c->tp, seq, r->box_msg, BOX_HDR_BYTES + r->box_len);
+        if (rc < 0)
+            return fail_into(c, &r->err, rc, "rank %d: %s failed: %s", c->rank,
+                             r->k->name, weft_strerror(rc));
+        r->box_put = rc == 0;
+    }
+    for (int p = 0; p < c->nranks && r->box_left > 0; p++) {
+        size_t len;
+
+        if (p == c->rank || (r->box_got >> p & 1) != 0)
+            continue;
+        rc = c->tpo->box_get(c->tp, p, seq, m, sizeof m, &len);
+        if (rc < 0)
+            return fail_into(c, &r->err, rc, "rank %d: %s failed: %s", c->rank,
+                             r->k->name, weft_strerror(rc));
+        if (rc == 0)
+            continue;
+        if (rc == 3) {
+            left = left < 0 ? p : left;
+            continue;
+        }
+        /* A message's header, in full; a note (4) has it in full. */
+        if (rc != 4 && len >= BOX_HDR_BYTES)
+            box_hdr_full(m, len, r->k, full);
+        else if (rc == 4)
+            memcpy(full, m, len < HDR_BYTES ? len : HDR_BYTES);
+        if (len < (rc == 4 ? HDR_BYTES : BOX_HDR_BYTES))
+            memset(full, 0, HDR_BYTES); /* no header: fails */
+        want = hdr_make(r->k, r->pass, TAG_BOX, seq, r->box_len);
+        /* A note differs in its tag at least: it says which call. */
+        if (hdr_check(r, full, &want, p, 0) != 0 || rc == 4)
+            return fail_into(c, &r->err, WEFT_EMISMATCH,
+                             "rank %d: %s: peer %d runs it on frames where "
+                             "this rank runs it in shared memory's box "
+                             "(mismatched WEFT_BOX_BYTES?)",
+                             c->rank, r->k->name, p);
+        if (rc == 2) {
+            left_mid = left_mid < 0 ? p : left_mid;
+            continue;
+        }
+        /* The header's total says the length: they matched. */
+        if (r->box_len > 0)
+            memcpy(r->box_out + (size_t)p * r->box_len, m + BOX_HDR_BYTES,
+                   r->box_len);
+        r->box_got |= (uint64_t)1 << p;
+        r->box_left--;
+    }
+    /* A peer's leaving, once every peer's header that is there matched
+     * (a call that differs is the cause, where there is one). */
+    if (left_mid >= 0)
+        return fail_into(c, &r->err, WEFT_EPEER,
+                         "rank %d: %s: peer %d (same host) closed its side "
+                         "(finalized, failed or exited) in the middle of "
+                         "the call",
+                         c->rank, r->k->name, left_mid);
+    if (left >= 0)
+        return fail_into(c, &r->err, WEFT_EPEER,
+                         "rank %d: %s: peer %d (same host) closed its side "
+                         "(finalized, failed or exited) before its part of "
+                         "the call",
+                         c->rank, r->k->name, left);
+    return 0;
+}
+
+int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
+                    char *out, weft__pass **pass)
+{
+    run *r;
+
+    *pass = NULL;
+    if (len > c->box)
+        return start_error(c, k, &(weft__op){0}, WEFT_EINVAL,
+                           "rank %d: %s: %zu bytes in the box, where it "
+                           "holds %zu",
+                           c->rank, k->name, len, c->box);
+    if (engine_ensure(c) != 0)
+        return start_error(c, k, &(weft__op){0}, WEFT_ENOMEM,
+                           "rank %d: %s: no memory for the engine", c->rank,
+                           k->name);
+    if ((r = c->eng->spare) != NULL) {
+        c->eng->spare = NULL;
+        memset(r, 0, offsetof(run, op));
+    } else if ((r = calloc(1, sizeof *r)) == NULL)
+        return start_error(c, k, &(weft__op){0}, WEFT_ENOMEM,
+                           "rank %d: %s: out of memory", c->rank, k->name);
+    r->op.nlanes = 0;
+    r->c = c;
+    r->k = k;
+    r->pass = k->passes++;
+    r->rdst = r->rsrc = -1;
+    r->rl_sh.done = r->rl_sx.done = r->rl_rh.done = r->rl_rx.done = 1;
+    r->box = 1;
+    r->box_len = len;
+    r->box_out = out;
+    r->box_left = c->nranks - 1;
+    box_hdr_encode(r->box_msg, k, r->pass);
+    if (len > 0) {
+        memcpy(r->box_msg + BOX_HDR_BYTES, data, len);
+        memmove(out + (size_t)c->rank * len, data, len);
+    }
+    box_poll(r);
+    *pass = r;
+    return WEFT_OK;
+}
+
+/* A box pass's wait before the transport's: 1 where it ended (or
+ * failed). Its first wait, where the host has a core per rank, looks at
+ * the peers' slots alone for a while (BOX_SPIN_POLLS looks), since a
+ * pass of the transport's progress (every ring, the clock, the TCP side)
+ * costs more than a message's own way from one core to another; then the
+ * transport is told to watch the box, so that its progress() returns when
+ * a message comes. */
+#define BOX_SPIN_POLLS 4096
+
+static int box_wait(run *r)
+{
+    weft__ctx *c = r->c;
+
+    if (box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK)
+        return 1;
+    if (r->box_waited)
+        return 0;
+    r->box_waited = 1;
+    for (int i = 0; c->cfg->own_core && i < BOX_SPIN_POLLS; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK)
+            return 1;
+    }
+    c->tpo->box_watch(c->tp, r->k->seq);
+    return 0;
+}
+
+/* The first pass of a collective call that runs on frames, where c has
+ * a box: its header goes to the box's note, where a rank whose call went
+ * to the box finds it instead of a message. */
+static void box_announce(run *r)
+{
+    weft__ctx *c = r->c;
+    uint8_t b[HDR_BYTES];
+    ophdr h = hdr_make(r->k, r->pass, TAG_BOX_FRAMES, r->k->seq, 0);
+
+    hdr_encode(b, &h);
+    c->tpo->box_announce(c->tp, r->k->seq, b, sizeof b);
+}
+
+void weft__call_end(weft__ctx *c, uint64_t seq)
+{
+    if (c->box != 0)
+        c->tpo->box_done(c->tp, seq);
 }

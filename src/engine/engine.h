@@ -68,6 +68,9 @@ typedef struct weft__ctx {
     uint32_t *recv_seq; /* per peer: point-to-point receives from it */
     void *scratch;      /* grown on demand for algorithms that need it */
     size_t scratch_bytes;
+    /* The bytes of data a box pass (below) carries per rank on c, 0 where
+     * there is no box: set once the transport is up (weft__box_init). */
+    size_t box;
 } weft__ctx;
 
 /* Records err on c's error record (the first failure wins) and returns
@@ -211,6 +214,27 @@ void weft__pass_wait(weft__pass *p);
  * communicator with rc and shuts its transport down first, so that no
  * frame refers to the caller's buffers once this returns. */
 void weft__pass_end(weft__pass *p, int rc);
+
+/* The box (transport.h): where every rank of the job is on this host and
+ * the transport has a box, a collective's few bytes go from each rank to
+ * every other through a slot per rank and call, without frames.
+ * weft__box_init sets c->box (the data bytes a box pass carries per rank,
+ * after the call's header), or 0 where there is none. */
+void weft__box_init(weft__ctx *c);
+
+/* Starts a box pass of call k (c->box != 0): publishes len <= c->box
+ * bytes of data with the call's header to every rank, and gathers every
+ * rank's len bytes into out (nranks * len bytes, rank order, this rank's
+ * copied too). Each rank's header is compared with this rank's, so ranks
+ * whose calls differ fail with WEFT_EMISMATCH. Tested, waited for and
+ * ended as any pass. */
+int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
+                    char *out, weft__pass **pass);
+
+/* After collective call number seq (and every earlier one) ended on this
+ * rank, whatever ran it: the box's slots of those calls may be written
+ * again. */
+void weft__call_end(weft__ctx *c, uint64_t seq);
 
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);

@@ -319,6 +319,10 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errmsg, errlen)) != 0)
         return rc;
     pass_bytes = v;
+    if ((rc = env_int("WEFT_BOX_BYTES", 0, 1L << 30, WEFT__BOX_BYTES, &v,
+                      errmsg, errlen)) != 0)
+        return rc;
+    cfg->box_bytes = (size_t)v;
     /* Unset: its default depends on the transport and the ranks (below). */
     if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30, -1, &v,
                       errmsg, errlen)) != 0)

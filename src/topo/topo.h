@@ -68,6 +68,11 @@
  * doubling and 26-29 by halving, 32 KiB 55-62 against 36-40, and the two
  * tie at 4-8 KiB (docs/performance.md, "Run 4"). */
 #define WEFT__DOUBLING_WIDE_RANKS 16
+/* Ranks all of one host, through shared memory: an all_reduce of up to
+ * this many bytes (count * size) and the barrier go through the box (a
+ * slot per rank and call, engine.h), whose messages hold 192 bytes after
+ * the call's header. */
+#define WEFT__BOX_BYTES 192
 #define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 /* The same where every rank of the job is on one host: there the ring's
@@ -162,6 +167,7 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t mesh_small_all_reduce_bytes;
     size_t bidir_min_bytes;
+    size_t box_bytes; /* all_reduce through the box up to this; 0: off */
     size_t doubling_all_reduce_bytes; /* per rank, as the two below */
     size_t halving_all_reduce_bytes;
     size_t halving_fold_all_reduce_bytes;

@@ -28,6 +28,9 @@
 
 typedef struct weft__tp weft__tp;
 
+/* The most bytes one box message (below) holds, in any transport. */
+#define WEFT__BOX_MSG_MAX 244
+
 /* The link index of the wires between ranks of one host (loopback), in
  * every transport's handshake and wire numbering. */
 #define WEFT__LINK_LOOPBACK 0xffffffffu
@@ -108,6 +111,43 @@ typedef struct weft__tp_ops {
      * cannot relay (then such peers are WEFT_ENOTSUP). */
     int (*relay_send)(weft__tp *tp, int peer, weft__xfer *x);
     int (*relay_recv)(weft__tp *tp, int peer, weft__xfer *x);
+    /* The box: a slot per rank and collective call, for the few bytes of
+     * a call among ranks of one host, without frames. NULL where the
+     * transport has none.
+     * - box_bytes: the most bytes one message to peer can hold, 0 where
+     *   the box does not reach peer (another host).
+     * - box_put: publishes len bytes of msg as this rank's message for
+     *   collective call number seq (> 0, consecutive calls' numbers
+     *   increasing) to every peer the box reaches. 0 once published; 1
+     *   where a peer has not yet started call seq - depth + 1 (its slot is
+     *   still to be read: nothing published; call again once progress()
+     *   returned); or the transport's error (a peer that left that far
+     *   behind).
+     * - box_announce: this rank runs call seq on frames; len <= 56 bytes
+     *   of hdr, its header, are what a peer whose call seq went to the
+     *   box finds instead of a message (box_get's 4). Never waits.
+     * - box_get: peer's message for call seq: 1 with up to cap bytes of
+     *   it copied to out and its length in *len; 0 while the peer has
+     *   not written it; 2 where the message is there but its peer left
+     *   without ending the call (it failed or died in it: the message
+     *   may be looked at, as a header that differs explains the failure,
+     *   its data must not be used); 3 where the peer left without writing
+     *   it; 4 where the peer announced call seq on frames (its header in
+     *   out); or the transport's error. 2, 3 and 4 fail nothing: the
+     *   caller says why its call failed, having looked at every peer.
+     * - box_done: this rank ended collective call seq (and every earlier
+     *   one), however it ran; said to the peers when this rank leaves.
+     * - box_watch: while seq != 0, progress() returns (something may have
+     *   progressed) once a peer wrote a message or a note, or left, where
+     *   before it waited for frames only. */
+    size_t (*box_bytes)(weft__tp *tp, int peer);
+    int (*box_put)(weft__tp *tp, uint64_t seq, const void *msg, size_t len);
+    void (*box_announce)(weft__tp *tp, uint64_t seq, const void *hdr,
+                         size_t len);
+    int (*box_get)(weft__tp *tp, int peer, uint64_t seq, void *out, size_t cap,
+                   size_t *len);
+    void (*box_done)(weft__tp *tp, uint64_t seq);
+    void (*box_watch)(weft__tp *tp, uint64_t seq);
 } weft__tp_ops;
 
 extern const weft__tp_ops weft__tcp_ops;

@@ -74,12 +74,10 @@ static void full_fence(void)
 #endif
 }
 
-/* After this rank moved one of w's rings: where the peer sleeps, it is
- * woken (the fence orders the ring's store before the look at its flag;
- * the sleeper stores its flag, fences, then looks at the ring). */
-static void poke(shm_wire *w)
+/* Sends w's peer a datagram where it sleeps (its flag raised), lowering
+ * the flag: the caller fenced after its stores. */
+static void wake_sleeper(shm_wire *w)
 {
-    full_fence();
     if (atomic_load_explicit(w->peer_sleep, memory_order_relaxed) == 0)
         return;
     if (atomic_exchange(w->peer_sleep, 0) == 0)
@@ -88,6 +86,23 @@ static void poke(shm_wire *w)
      * belongs to a peer that left, which its TCP connection tells. */
     (void)sendto(w->tp->sock, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
                  (const struct sockaddr *)&w->doorbell, w->doorbell_len);
+}
+
+/* After this rank moved one of w's rings: where the peer sleeps, it is
+ * woken (the fence orders the ring's store before the look at its flag;
+ * the sleeper stores its flag, fences, then looks at the ring). */
+static void poke(shm_wire *w)
+{
+    full_fence();
+    wake_sleeper(w);
+}
+
+void weft__shm_poke_sleepers(shm_tp *tp)
+{
+    full_fence();
+    for (int i = 0; i < tp->nlocal; i++)
+        if (tp->wires[i].seg != NULL)
+            wake_sleeper(&tp->wires[i]);
 }
 
 /* The consumer's side of the wake-up: after moving the ring's tail (or
@@ -468,6 +483,8 @@ static int shm_pass(shm_tp *tp, int with_tcp)
             return rc;
     }
     run_done(tp);
+    if (tp->box_watch != 0 && weft__shm_box_moved(tp))
+        tp->events++;
     if (atomic_load_explicit(&tp->woken, memory_order_relaxed) != 0 &&
         atomic_exchange(&tp->woken, 0) != 0)
         tp->events++;
@@ -514,6 +531,7 @@ static int shm_block(shm_tp *tp, uint64_t deadline_ms)
     uint64_t now;
     int tmo, tt, rc;
 
+    weft__shm_box_flush(tp);
     set_sleeping(tp, 1);
     atomic_store(&tp->asleep, 1);
     /* A peer that moved a ring before it could see the flag: look once
@@ -529,6 +547,8 @@ static int shm_block(shm_tp *tp, uint64_t deadline_ms)
     tt = weft__tcp_timeout(tp->tcp);
     if (tt >= 0 && tt < tmo)
         tmo = tt;
+    if (tp->box_room && tmo > SHM_BOX_ROOM_MS)
+        tmo = SHM_BOX_ROOM_MS;
     pfd[0] = (struct pollfd){.fd = tp->sock, .events = POLLIN};
     pfd[1] = (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
     if (poll(pfd, 2, tmo) < 0 && errno != EINTR) {
@@ -596,6 +616,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
 
                 if (spun >= spin_ns)
                     break;
+                weft__shm_box_flush(tp);
                 /* A peer on this core cannot run while this rank spins
                  * (SHM_YIELD_NS says when that was seen). */
                 if (spun >= SHM_YIELD_NS && peer_on_my_core(tp))

@@ -194,6 +194,81 @@ static int seg_create(shm_tp *tp, shm_wire *w)
     return WEFT_OK;
 }
 
+/* ---- the box segment (shm.h) ---- */
+
+static size_t box_seg_bytes(const shm_tp *tp)
+{
+    return SHM_BOX_HDR + (size_t)tp->nranks * sizeof(shm_box_area);
+}
+
+static int box_map(shm_tp *tp, int fd)
+{
+    void *m;
+
+    SHM_FD_UNSEEN_BEGIN();
+    m = mmap(NULL, box_seg_bytes(tp), PROT_READ | PROT_WRITE,
+             MAP_SHARED | MAP_POPULATE, fd, 0);
+    SHM_FD_UNSEEN_END();
+    if (m == MAP_FAILED)
+        return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                          "rank %d: cannot map %zu bytes of shared memory "
+                          "for the box: %s",
+                          tp->rank, box_seg_bytes(tp), strerror(errno));
+    tp->box_seg = m;
+    tp->box_seg_bytes = box_seg_bytes(tp);
+    return WEFT_OK;
+}
+
+/* The lowest rank of the host: the box segment, handed to every peer with
+ * their pair's segment (seg_send_all). */
+static int box_create(shm_tp *tp)
+{
+    int fd = memfd_create("weft-box", MFD_CLOEXEC), rc;
+
+    if (fd < 0)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: memfd_create for the box: %s (set "
+                          "WEFT_SHM=0 to use TCP between ranks of a host)",
+                          tp->rank, strerror(errno));
+    tp->box_fd = fd;
+    SHM_FD_UNSEEN_BEGIN();
+    rc = ftruncate(fd, (off_t)box_seg_bytes(tp));
+    SHM_FD_UNSEEN_END();
+    if (rc != 0)
+        return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                          "rank %d: cannot size %zu bytes of shared memory "
+                          "for the box: %s",
+                          tp->rank, box_seg_bytes(tp), strerror(errno));
+    if ((rc = box_map(tp, fd)) != 0)
+        return rc;
+    weft__put_be32((uint8_t *)tp->box_seg, SHM_MAGIC);
+    weft__put_be32((uint8_t *)tp->box_seg + 4, SHM_VERSION);
+    weft__put_be32((uint8_t *)tp->box_seg + 8, (uint32_t)tp->nranks);
+    return WEFT_OK;
+}
+
+/* A peer's box segment, arrived with the lowest rank's pair segment. */
+static int box_take(shm_tp *tp, int fd)
+{
+    struct stat st;
+    int rc;
+
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != box_seg_bytes(tp))
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: the box segment from rank %d has the "
+                          "wrong size",
+                          tp->rank, tp->box_leader);
+    if ((rc = box_map(tp, fd)) != 0)
+        return rc;
+    if (weft__get_be32((uint8_t *)tp->box_seg) != SHM_MAGIC ||
+        weft__get_be32((uint8_t *)tp->box_seg + 4) != SHM_VERSION ||
+        weft__get_be32((uint8_t *)tp->box_seg + 8) != (uint32_t)tp->nranks)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: the box segment from rank %d is garbled",
+                          tp->rank, tp->box_leader);
+    return WEFT_OK;
+}
+
 /* Hands every created segment not yet handed over to its peer's socket.
  * Returns how many wait (a peer's queue was full), or a negative code. */
 static int seg_send_all(shm_tp *tp)
@@ -205,15 +280,18 @@ static int seg_send_all(shm_tp *tp)
         uint8_t pay[SHM_FD_MSG_BYTES] = {0};
         union {
             struct cmsghdr h;
-            char b[CMSG_SPACE(sizeof(int))];
+            char b[CMSG_SPACE(2 * sizeof(int))];
         } ctl;
+        /* The lowest rank hands the box segment along. */
+        const int nfd = tp->box_fd >= 0 ? 2 : 1;
+        int fds[2] = {w->seg_fd, tp->box_fd};
         struct iovec iov = {.iov_base = pay, .iov_len = sizeof pay};
         struct msghdr m = {.msg_name = &w->doorbell,
                            .msg_namelen = w->doorbell_len,
                            .msg_iov = &iov,
                            .msg_iovlen = 1,
                            .msg_control = ctl.b,
-                           .msg_controllen = sizeof ctl.b};
+                           .msg_controllen = CMSG_SPACE(nfd * sizeof(int))};
         struct cmsghdr *c;
 
         if (w->side != 0 || w->seg_fd < 0)
@@ -225,8 +303,8 @@ static int seg_send_all(shm_tp *tp)
         c = CMSG_FIRSTHDR(&m);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &w->seg_fd, sizeof(int));
+        c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
         if (sendmsg(tp->sock, &m, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 waiting++;
@@ -240,6 +318,16 @@ static int seg_send_all(shm_tp *tp)
         /* The message holds the file now; the mapping stays. */
         seg_fd_close(w->seg_fd);
         w->seg_fd = -1;
+    }
+    if (waiting == 0 && tp->box_fd >= 0) {
+        int handed = 1;
+
+        for (int i = 0; i < tp->nlocal; i++)
+            handed &= tp->wires[i].seg_fd < 0;
+        if (handed) {
+            seg_fd_close(tp->box_fd);
+            tp->box_fd = -1;
+        }
     }
     return waiting;
 }
@@ -261,7 +349,7 @@ static int seg_take(shm_tp *tp)
                            .msg_control = ctl.b,
                            .msg_controllen = sizeof ctl.b};
         ssize_t n = recvmsg(tp->sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        int fd = -1, extra = 0, rc;
+        int fd = -1, fd2 = -1, extra = 0, rc;
         shm_wire *w = NULL;
         struct stat st;
 
@@ -282,6 +370,8 @@ static int seg_take(shm_tp *tp)
                 memcpy(&f, CMSG_DATA(c) + k * sizeof(int), sizeof f);
                 if (fd < 0)
                     fd = f;
+                else if (fd2 < 0)
+                    fd2 = f;
                 else {
                     seg_fd_close(f);
                     extra = 1;
@@ -295,7 +385,9 @@ static int seg_take(shm_tp *tp)
             uint32_t r = weft__get_be32(pay + 4);
             if (r < (uint32_t)tp->nranks && tp->local[r] != NULL &&
                 tp->local[r]->side == 1 && tp->local[r]->seg == NULL &&
-                weft__get_be64(pay + 8) == tp->local[r]->nonce_out)
+                weft__get_be64(pay + 8) == tp->local[r]->nonce_out &&
+                /* the box segment comes from the lowest rank alone */
+                (fd2 >= 0) == ((int)r == tp->box_leader))
                 w = tp->local[r];
         }
         if (w == NULL || fstat(fd, &st) != 0 ||
@@ -304,7 +396,17 @@ static int seg_take(shm_tp *tp)
                       "shared-memory set-up: dropped a segment that no "
                       "peer of this job sent");
             seg_fd_close(fd);
+            if (fd2 >= 0)
+                seg_fd_close(fd2);
             continue;
+        }
+        if (fd2 >= 0) {
+            rc = box_take(tp, fd2);
+            seg_fd_close(fd2);
+            if (rc != 0) {
+                seg_fd_close(fd);
+                return rc;
+            }
         }
         rc = map_fd(tp, w, fd);
         seg_fd_close(fd);
@@ -326,7 +428,7 @@ static int segs_missing(const shm_tp *tp)
     for (int i = 0; i < tp->nlocal; i++)
         if (tp->wires[i].seg == NULL)
             n++;
-    return n;
+    return n + (tp->box_leader >= 0 && tp->box_seg == NULL);
 }
 
 /* Runs the TCP side (and, in the segment phase, hands over and takes in
@@ -419,6 +521,8 @@ static int exchange(shm_tp *tp)
     }
     if ((rc = setup_wait(tp, 0, "hello")) != 0)
         return rc;
+    if (tp->box_leader == tp->rank && (rc = box_create(tp)) != 0)
+        return rc;
     for (int i = 0; i < tp->nlocal; i++) {
         shm_wire *w = &tp->wires[i];
         if ((rc = take_hello(tp, w)) != 0)
@@ -477,6 +581,10 @@ static int shm_nwires(weft__tp *t, int p)
  * this sees the flag and fails rather than trust what it read. */
 static void mark_aborted(shm_tp *tp)
 {
+    /* The box's last ended call first: a peer that sees the flag then
+     * knows which of this rank's messages were whole. */
+    if (tp->box_seg != NULL)
+        atomic_store(&shm_box_area_of(tp, tp->rank)->done, tp->box_done);
     for (int i = 0; i < tp->nlocal; i++)
         if (tp->wires[i].seg != NULL)
             atomic_store(tp->wires[i].my_aborted, 1);
@@ -515,6 +623,10 @@ static void shm_destroy(weft__tp *t)
         if (w->seg_fd >= 0)
             seg_fd_close(w->seg_fd);
     }
+    if (tp->box_seg != NULL && munmap(tp->box_seg, tp->box_seg_bytes) != 0)
+        weft__log(WEFT__LOG_WARN, tp->rank, "munmap: %s", strerror(errno));
+    if (tp->box_fd >= 0)
+        seg_fd_close(tp->box_fd);
     if (tp->sock >= 0)
         close(tp->sock);
     /* Closing the TCP side tells the peers this rank has left. */
@@ -548,6 +660,10 @@ static int plan(shm_tp *tp)
         tp->local[p] = w;
     }
     tp->nlocal = n;
+    /* The box: every rank of the job on this host; the lowest makes it. */
+    tp->box_leader =
+        n >= 1 && n + 1 == tp->nranks && tp->nranks <= SHM_BOX_MAX_RANKS ? 0
+                                                                         : -1;
     /* Relays run on the TCP side while this rank is inside progress(). */
     tp->tcp_data = n + 1 < tp->nranks;
     tp->oversubscribed = ncpu > 0 && n + 1 > ncpu;
@@ -566,6 +682,8 @@ static int shm_create(const weft__tp_params *p, weft__tp **out)
     tp->rank = p->rank;
     tp->nranks = p->nranks;
     tp->sock = -1;
+    tp->box_fd = -1;
+    tp->box_leader = -1;
     tp->ring_bytes = p->cfg->shm_ring_bytes;
     tp->cma_bytes = p->cfg->shm_cma_bytes;
     weft__spin_init(&tp->spin, p->cfg);
@@ -601,4 +719,10 @@ const weft__tp_ops weft__shm_ops = {
     .shutdown = shm_shutdown,
     .relay_send = weft__shm_relay_send,
     .relay_recv = weft__shm_relay_recv,
+    .box_bytes = weft__shm_box_bytes,
+    .box_put = weft__shm_box_put,
+    .box_announce = weft__shm_box_announce,
+    .box_get = weft__shm_box_get,
+    .box_done = weft__shm_box_done,
+    .box_watch = weft__shm_box_watch,
 };

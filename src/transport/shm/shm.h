@@ -6,7 +6,9 @@
  *
  * The files: setup.c (the TCP side, the segments and how they are shared,
  * create, shutdown, destroy, the ops table), data.c (the rings, posting,
- * one-copy reads, deaths, progress and sleeping).
+ * one-copy reads, deaths, progress and sleeping), box.c (a slot per rank
+ * and call for the few bytes of a collective among every rank of the
+ * host).
  *
  * The TCP side: create() opens the TCP transport for the whole job (with
  * one loopback connection per peer of this host instead of `wires`). Peers
@@ -107,7 +109,7 @@ void AnnotateIgnoreWritesEnd(const char *file, int line);
 #endif
 
 #define SHM_MAGIC 0x4d534657u /* "WFSM" */
-#define SHM_VERSION 3u
+#define SHM_VERSION 4u
 #define SHM_HELLO_BYTES 128
 #define SHM_DONE_BYTES 16
 #define SHM_FD_MSG_BYTES 24
@@ -151,6 +153,47 @@ static inline uint64_t shm_ticks(void)
 #define SHM_YIELD_NS 2000
 
 enum { REC_INLINE = 1, REC_CMA = 2 };
+
+/* The box (box.c): where every rank of the job is on this host, one more
+ * segment, made by the lowest rank and handed to each peer with their
+ * pair's segment, holds an area per rank: SHM_BOX_DEPTH slots, one message
+ * of up to SHM_BOX_MSG bytes each, for collective call number seq in slot
+ * seq % SHM_BOX_DEPTH. A rank writes its message once (then, release, the
+ * slot's seq) and reads each peer's from the peer's slot (acquire on seq):
+ * a call among every rank of the host moves its few bytes with one store
+ * and a load per peer, no ring, no record. A call that runs on frames
+ * writes its header into the rank's note instead (a seqlock), so that a
+ * peer whose call went to the box sees the difference. A slot is written
+ * again (call seq + SHM_BOX_DEPTH) once every peer has started call
+ * seq + 1, which its slots and note say (every call writes one of them);
+ * done says it for a rank that left. */
+#define SHM_BOX_DEPTH 4
+#define SHM_BOX_MSG WEFT__BOX_MSG_MAX
+#define SHM_BOX_MAX_RANKS 64
+#define SHM_BOX_HDR SHM_CACHE_LINE
+/* The longest sleep while a box call waits for a peer to start a call
+ * (a note moves without a wake-up, box.c). */
+#define SHM_BOX_ROOM_MS 1
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t seq; /* 0: never written */
+    uint32_t len;
+    uint8_t msg[SHM_BOX_MSG]; /* a header fits the first cache line */
+} shm_box_slot;
+_Static_assert(sizeof(shm_box_slot) == 4 * SHM_CACHE_LINE,
+               "a box slot is four cache lines");
+#define SHM_NOTE_WORDS 7
+typedef struct {
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t seq; /* 0 while written */
+    _Atomic uint64_t w[SHM_NOTE_WORDS];            /* the header */
+} shm_box_note;
+_Static_assert(sizeof(shm_box_note) == SHM_CACHE_LINE, "a note is a line");
+typedef struct {
+    shm_box_slot slot[SHM_BOX_DEPTH];
+    shm_box_note note;
+    /* The last call the rank ended, written when it leaves (its failure,
+     * its finalize). */
+    _Alignas(SHM_CACHE_LINE) _Atomic uint64_t done;
+} shm_box_area;
 
 /* One direction's ring counters, each on its own cache line. */
 typedef struct {
@@ -210,6 +253,7 @@ typedef struct shm_wire {
     _Atomic uint32_t *my_sleep, *peer_sleep;
     _Atomic uint32_t *my_aborted, *peer_aborted;
     _Atomic uint32_t *my_cpu, *peer_cpu;
+    uint64_t box_peer_done; /* the last call the peer ended, as last seen */
     /* Sends: frames not yet written entirely, oldest first (sq_off bytes
      * of the head written), then one-copy frames waiting for the peer's
      * read, each marked (in its got field) with the count of one-copy
@@ -261,6 +305,19 @@ struct shm_tp {
     _Atomic int woken;
     _Atomic int asleep;
     int setup_pending;
+    /* The box segment (NULL: none), its descriptor until every peer has
+     * it (the lowest rank's), and who made it. */
+    char *box_seg;
+    size_t box_seg_bytes;
+    int box_fd;
+    int box_leader; /* -1: no box (a rank of the job on another host) */
+    /* The box call progress() watches (0: none), and what it last saw of
+     * the peers' slots and notes for it (box.c). */
+    uint64_t box_watch;
+    uint64_t box_sig;
+    uint64_t box_done; /* the last call this rank ended */
+    int box_room;      /* a box call waits for a peer to start a call */
+    int box_unflushed; /* box stores made, sleepers not looked at since */
     /* Frames that completed, their callbacks not yet run (they run only
      * inside progress()), oldest first. */
     weft__xfer *done_head, *done_tail;
@@ -278,5 +335,31 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms);
 void weft__shm_wake(weft__tp *t);
 int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x);
 int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x);
+
+/* Rank r's area of the box segment. */
+static inline shm_box_area *shm_box_area_of(const shm_tp *tp, int r)
+{
+    return (shm_box_area *)(void *)(tp->box_seg + SHM_BOX_HDR +
+                                    (size_t)r * sizeof(shm_box_area));
+}
+
+/* box.c: the box's entries of the ops table (transport.h), and the look
+ * that shm_pass (data.c) takes while a box call is watched: 1 when a
+ * peer's slot or done count changed since the last look. */
+size_t weft__shm_box_bytes(weft__tp *t, int peer);
+int weft__shm_box_put(weft__tp *t, uint64_t seq, const void *msg, size_t len);
+void weft__shm_box_announce(weft__tp *t, uint64_t seq, const void *hdr,
+                            size_t len);
+int weft__shm_box_get(weft__tp *t, int peer, uint64_t seq, void *out,
+                      size_t cap, size_t *len);
+void weft__shm_box_done(weft__tp *t, uint64_t seq);
+void weft__shm_box_watch(weft__tp *t, uint64_t seq);
+int weft__shm_box_moved(shm_tp *tp);
+/* Wakes the peers that sleep where this rank's box stores have not been
+ * followed by a look at their flags yet (box.c: when). */
+void weft__shm_box_flush(shm_tp *tp);
+/* data.c: wakes the peers of this host that sleep (a full fence first,
+ * after this rank's stores to the box). */
+void weft__shm_poke_sleepers(shm_tp *tp);
 
 #endif

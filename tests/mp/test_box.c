@@ -1,0 +1,434 @@
+/*
+ * The box: where every rank is on one host with shared memory, a small
+ * all_reduce (up to WEFT_BOX_BYTES, 192 by default) and the barrier go
+ * through a slot per rank and call instead of frames. As a user sees it:
+ * the same results as the frames give, at the box's edge too; calls that
+ * differ across ranks are WEFT_EMISMATCH whether both went to the box or
+ * one did not; a dead peer is WEFT_EPEER at once and a late one
+ * WEFT_ETIMEDOUT at the deadline, naming what was waited for; ranks out
+ * of step by many calls (broadcasts, which let ranks run ahead, and
+ * non-blocking calls) never read a slot of another call.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "weft.h"
+
+#define TIMEOUT_MS 30000
+#define PROMPT_MS 10000
+#define BOX_BYTES 192
+
+struct box_shm {
+    int rc[MP_MAX_RANKS];
+    double ms[MP_MAX_RANKS];
+    char msg[MP_MAX_RANKS][256];
+};
+
+static struct box_shm *shm(void)
+{
+    return mp_shm();
+}
+
+static void record(int rank, int rc, double ms, const weft_comm *c)
+{
+    shm()->rc[rank] = rc;
+    shm()->ms[rank] = ms;
+    snprintf(shm()->msg[rank], sizeof shm()->msg[rank], "%s",
+             rc == WEFT_OK ? "" : weft_last_error(c));
+}
+
+static void run_job(int nranks, int timeout_ms, mp_rank_fn fn, void *arg,
+                    const char *what)
+{
+    struct mp_opts o = {.nranks = nranks, .timeout_ms = timeout_ms};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_SHM", "1", 1);
+    cr_assert_eq(mp_run(&o, fn, arg, &res), 0);
+    cr_assert(mp_all_passed(&res), "%s: %s", what,
+              mp_describe(&res, buf, sizeof buf));
+}
+
+/* ---- results ---- */
+
+static const weft_dtype dtypes[] = {WEFT_INT8,    WEFT_UINT8,   WEFT_INT32,
+                                    WEFT_UINT32,  WEFT_INT64,   WEFT_UINT64,
+                                    WEFT_FLOAT32, WEFT_FLOAT64, WEFT_BFLOAT16};
+static const weft_redop ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
+
+/* Rank r's element i: small integers, so every dtype holds every result
+ * exactly (products of at most 4 ranks' 1..3). */
+static double elem(int r, size_t i)
+{
+    return (double)(1 + (r + (int)i) % 3);
+}
+
+static double expect(weft_redop op, int n, size_t i)
+{
+    double v = elem(0, i);
+
+    for (int r = 1; r < n; r++) {
+        double e = elem(r, i);
+        v = op == WEFT_SUM    ? v + e
+            : op == WEFT_PROD ? v * e
+            : op == WEFT_MIN  ? (e < v ? e : v)
+                              : (e > v ? e : v);
+    }
+    return v;
+}
+
+/* Every dtype and op, at counts up to the box's edge and one element
+ * past it (frames), in place and not, with canaries around the result. */
+static int results_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c;
+    int fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
+        const size_t es = weft_dtype_size(dtypes[d]);
+        const size_t edge = BOX_BYTES / es;
+        const size_t counts[] = {1, 2, 3, edge - 1, edge, edge + 1};
+
+        for (size_t o = 0; o < sizeof ops / sizeof ops[0] && !fail; o++)
+            for (size_t k = 0; k < sizeof counts / sizeof counts[0] && !fail;
+                 k++) {
+                const size_t n = counts[k], bytes = n * es;
+                const int inplace = (int)(k & 1);
+                char *send = mp_alloc(bytes);
+                char *recv = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
+                char *want = mp_alloc(bytes);
+                char *out = recv + MP_CANARY_BYTES;
+                char what[128];
+                int rc;
+
+                memset(recv, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
+                for (size_t i = 0; i < n; i++) {
+                    mp_put_value(dtypes[d], inplace ? out : send, i,
+                                 elem(rank, i));
+                    mp_put_value(dtypes[d], want, i, expect(ops[o], nranks, i));
+                }
+                snprintf(what, sizeof what, "all_reduce(%s, %s, count=%zu%s)",
+                         mp_op_name(ops[o]), mp_dtype_name(dtypes[d]), n,
+                         inplace ? ", in place" : "");
+                rc = weft_all_reduce(c, inplace ? out : send, out, n, dtypes[d],
+                                     ops[o]);
+                if (rc != WEFT_OK)
+                    fail = mp_report_rc(c, what, rc);
+                else
+                    fail = mp_check_elems(what, "recvbuf", dtypes[d], out, want,
+                                          n) ||
+                           mp_check_canary(what, "recvbuf", out, bytes) ||
+                           mp_check_canary(what, "the bytes before recvbuf",
+                                           recv, 0);
+                free(send);
+                free(recv);
+                free(want);
+            }
+    }
+    if (!fail) {
+        int rc = weft_barrier(c);
+        if (rc != WEFT_OK)
+            fail = mp_report_rc(c, "barrier", rc);
+    }
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(box, results_at_and_past_its_edge, .timeout = 240)
+{
+    for (int n = 2; n <= 4; n++)
+        run_job(n, TIMEOUT_MS, results_rank, NULL, "box results");
+}
+
+/* ---- calls that differ ---- */
+
+enum {
+    MIS_COUNT_BOX,    /* 2 against 3 elements: both in the box */
+    MIS_COUNT_FRAMES, /* 2 (box) against 4096 (frames) */
+    MIS_DTYPE,        /* int32 against float32, both in the box */
+    MIS_KIND,         /* a barrier against an all_reduce of 1 byte */
+};
+
+struct mis_case {
+    int what;
+    int odd; /* the rank whose call differs */
+};
+
+static int mismatch_rank(int rank, int nranks, void *arg)
+{
+    const struct mis_case *mc = arg;
+    const int odd = rank == mc->odd;
+    int32_t *buf = calloc(4096, sizeof *buf);
+    weft_comm *c;
+    double t0;
+    int rc;
+
+    if (buf == NULL || mp_init(&c, rank, nranks) != WEFT_OK) {
+        free(buf);
+        return 1;
+    }
+    t0 = mp_now_ms();
+    switch (mc->what) {
+    case MIS_COUNT_BOX:
+        rc = weft_all_reduce(c, buf, buf, odd ? 2 : 3, WEFT_INT32, WEFT_SUM);
+        break;
+    case MIS_COUNT_FRAMES:
+        rc = weft_all_reduce(c, buf, buf, odd ? 2 : 4096, WEFT_INT32, WEFT_SUM);
+        break;
+    case MIS_DTYPE:
+        rc = weft_all_reduce(c, buf, buf, 4, odd ? WEFT_FLOAT32 : WEFT_INT32,
+                             WEFT_SUM);
+        break;
+    default:
+        rc = odd ? weft_barrier(c)
+                 : weft_all_reduce(c, buf, buf, 1, WEFT_UINT8, WEFT_MAX);
+        break;
+    }
+    record(rank, rc, mp_now_ms() - t0, c);
+    free(buf);
+    return weft_finalize(c) != WEFT_OK;
+}
+
+static void run_mismatch(const struct mis_case *mc, int nranks, int all_see_it)
+{
+    char what[64];
+
+    snprintf(what, sizeof what, "mismatch case %d, odd rank %d of %d", mc->what,
+             mc->odd, nranks);
+    run_job(nranks, 5000, mismatch_rank, (void *)mc, what);
+    for (int r = 0; r < nranks; r++) {
+        int rc = shm()->rc[r];
+
+        cr_assert(
+            rc == WEFT_EMISMATCH ||
+                (!all_see_it && (rc == WEFT_EPEER || rc == WEFT_ETIMEDOUT)),
+            "%s: rank %d returned %s (%s)", what, r, weft_err_name(rc),
+            shm()->msg[r]);
+        if (rc == WEFT_EMISMATCH)
+            cr_assert(strstr(shm()->msg[r], "called") != NULL,
+                      "%s: rank %d's message does not say what differed: %s",
+                      what, r, shm()->msg[r]);
+    }
+    /* The odd rank's call went to the box where the others' went on
+     * frames: it reads their headers there, so it must see it. */
+    cr_assert_eq(shm()->rc[mc->odd], WEFT_EMISMATCH, "%s: odd rank: %s (%s)",
+                 what, weft_err_name(shm()->rc[mc->odd]), shm()->msg[mc->odd]);
+}
+
+Test(box, calls_that_differ_in_the_box, .timeout = 120)
+{
+    /* Every rank is in the box and reads every other's header: each sees
+     * the odd one (or, the odd rank, all of them). */
+    const struct mis_case cases[] = {
+        {MIS_COUNT_BOX, 0}, {MIS_COUNT_BOX, 2}, {MIS_DTYPE, 1}, {MIS_KIND, 2}};
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_mismatch(&cases[i], 3, 1);
+}
+
+Test(box, a_call_in_the_box_against_one_on_frames, .timeout = 120)
+{
+    const struct mis_case cases[] = {{MIS_COUNT_FRAMES, 0},
+                                     {MIS_COUNT_FRAMES, 1}};
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_mismatch(&cases[i], 2, 0);
+        run_mismatch(&cases[i], 4, 0);
+    }
+}
+
+/* ---- a dead peer, a late one ---- */
+
+struct gone_case {
+    int late;    /* 0: the last rank is killed; 1: it calls late */
+    int barrier; /* the call: a barrier, else an all_reduce of 8 bytes */
+    int box_off; /* WEFT_BOX_BYTES=0: the same on frames */
+};
+
+#define LATE_DEADLINE_MS 1500
+
+static int gone_rank(int rank, int nranks, void *arg)
+{
+    const struct gone_case *gc = arg;
+    const int last = nranks - 1;
+    float v[2] = {1, 2};
+    weft_comm *c;
+    double t0, dt;
+    int rc, fail = 0;
+
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if ((rc = weft_all_reduce(c, v, v, 2, WEFT_FLOAT32, WEFT_SUM)) != WEFT_OK)
+        return mp_report_rc(c, "first all_reduce", rc);
+    if (rank == last) {
+        if (!gc->late)
+            mp_point(1); /* killed here */
+        mp_sleep_ms(LATE_DEADLINE_MS * 3);
+    }
+    if (gc->late)
+        weft_set_timeout(c, LATE_DEADLINE_MS);
+    t0 = mp_now_ms();
+    rc = gc->barrier ? weft_barrier(c)
+                     : weft_all_reduce(c, v, v, 2, WEFT_FLOAT32, WEFT_SUM);
+    dt = mp_now_ms() - t0;
+    if (rank == last)
+        /* The others gave up long ago: any failure. */
+        fail = rc == WEFT_OK;
+    else if (!gc->late && (rc != WEFT_EPEER || dt > PROMPT_MS ||
+                           strstr(weft_last_error(c), "closed") == NULL))
+        fail = 1;
+    else if (gc->late && (rc != WEFT_ETIMEDOUT || dt < LATE_DEADLINE_MS - 10 ||
+                          dt > LATE_DEADLINE_MS * 2 ||
+                          strstr(weft_last_error(c), "deadline") == NULL))
+        fail = 1;
+    if (fail)
+        mp_log("%s with rank %d %s: %s after %.0f ms (%s)",
+               gc->barrier ? "barrier" : "all_reduce", last,
+               gc->late ? "late" : "killed", weft_err_name(rc), dt,
+               weft_last_error(c));
+    record(rank, rc, dt, c);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+static void run_gone(const struct gone_case *gc, int nranks)
+{
+    struct mp_action kill = {
+        .rank = nranks - 1, .point = 1, .kind = MP_ACT_SIGKILL};
+    struct mp_opts o = {.nranks = nranks,
+                        .timeout_ms = TIMEOUT_MS,
+                        .actions = gc->late ? NULL : &kill,
+                        .nactions = gc->late ? 0 : 1};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_SHM", "1", 1);
+    setenv("WEFT_BOX_BYTES", gc->box_off ? "0" : "192", 1);
+    cr_assert_eq(mp_run(&o, gone_rank, (void *)gc, &res), 0);
+    unsetenv("WEFT_BOX_BYTES");
+    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+}
+
+Test(box, a_dead_peer_is_epeer_at_once, .timeout = 120)
+{
+    const struct gone_case cases[] = {{0, 0, 0}, {0, 1, 0}};
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_gone(&cases[i], 3);
+}
+
+Test(box, a_late_peer_is_the_deadline_and_named, .timeout = 120)
+{
+    const struct gone_case in_box = {1, 0, 0}, on_frames = {1, 0, 1};
+
+    run_gone(&in_box, 3);
+    /* The message says what was waited for: the box names its messages
+     * in shared memory, the frames a header on a wire. */
+    for (int r = 0; r < 2; r++)
+        cr_assert(strstr(shm()->msg[r], "shared memory") != NULL &&
+                      strstr(shm()->msg[r], "peer 2") != NULL,
+                  "rank %d: %s", r, shm()->msg[r]);
+    run_gone(&on_frames, 3);
+    for (int r = 0; r < 2; r++)
+        cr_assert(strstr(shm()->msg[r], "shared memory") == NULL,
+                  "WEFT_BOX_BYTES=0, rank %d: %s", r, shm()->msg[r]);
+}
+
+/* ---- ranks out of step ---- */
+
+#define STEP_ROUNDS 300
+
+/* Rounds of a box all_reduce, a broadcast of 64 KiB (frames: a rank that
+ * is not its root's neighbour... any rank may leave it before the
+ * others), a barrier, and two non-blocking box all_reduces left in
+ * flight across the next round; each rank naps at its own moments, so
+ * ranks are often several calls apart. Every result is checked. */
+static int step_rank(int rank, int nranks, void *arg)
+{
+    const size_t bc = 16384;
+    int32_t *big = mp_alloc(bc * sizeof *big);
+    int64_t a[4], nb[2][3], sum = 0;
+    weft_request *req[2] = {NULL, NULL};
+    weft_comm *c;
+    int fail = 0, rc = WEFT_OK;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK) {
+        free(big);
+        return 1;
+    }
+    for (int r = 0; r < nranks; r++)
+        sum += r;
+    srand((unsigned)rank * 7919u + 1);
+    for (int it = 0; it < STEP_ROUNDS && !fail; it++) {
+        const int root = it % nranks;
+        char what[96];
+
+        for (int i = 0; i < 4; i++)
+            a[i] = rank + it * 10 + i;
+        snprintf(what, sizeof what, "round %d: all_reduce", it);
+        if ((rc = weft_all_reduce(c, a, a, 4, WEFT_INT64, WEFT_SUM)) != 0)
+            fail = mp_report_rc(c, what, rc);
+        for (int i = 0; !fail && i < 4; i++)
+            if (a[i] != sum + (int64_t)nranks * (it * 10 + i)) {
+                mp_log("%s: element %d is %lld", what, i, (long long)a[i]);
+                fail = 1;
+            }
+        for (size_t i = 0; !fail && i < bc; i++)
+            big[i] = rank == root ? (int32_t)(it + i) : -1;
+        snprintf(what, sizeof what, "round %d: broadcast from %d", it, root);
+        if (!fail && (rc = weft_broadcast(c, big, bc, WEFT_INT32, root)) != 0)
+            fail = mp_report_rc(c, what, rc);
+        for (size_t i = 0; !fail && i < bc; i++)
+            if (big[i] != (int32_t)(it + i)) {
+                mp_log("%s: element %zu is %d", what, i, big[i]);
+                fail = 1;
+            }
+        /* Last round's requests, then this round's. */
+        for (int q = 0; !fail && q < 2 && req[q] != NULL; q++) {
+            snprintf(what, sizeof what, "round %d: iall_reduce %d", it - 1, q);
+            if ((rc = weft_wait(req[q])) != 0)
+                fail = mp_report_rc(c, what, rc);
+            for (int i = 0; !fail && i < 3; i++)
+                if (nb[q][i] != sum * (q + 1) + (int64_t)nranks * (it - 1)) {
+                    mp_log("%s: element %d is %lld", what, i,
+                           (long long)nb[q][i]);
+                    fail = 1;
+                }
+            weft_request_free(req[q]);
+            req[q] = NULL;
+        }
+        for (int q = 0; !fail && q < 2; q++) {
+            for (int i = 0; i < 3; i++)
+                nb[q][i] = (int64_t)rank * (q + 1) + it;
+            if ((rc = weft_iall_reduce(c, nb[q], nb[q], 3, WEFT_INT64, WEFT_SUM,
+                                       &req[q])) != 0)
+                fail = mp_report_rc(c, "iall_reduce", rc);
+        }
+        if (!fail && it % 7 == 3 && (rc = weft_barrier(c)) != 0)
+            fail = mp_report_rc(c, "barrier", rc);
+        if (rand() % 8 == 0)
+            usleep((useconds_t)(rand() % 3000));
+    }
+    for (int q = 0; q < 2; q++) {
+        if (req[q] != NULL && (rc = weft_wait(req[q])) != 0 && !fail)
+            fail = mp_report_rc(c, "last iall_reduce", rc);
+        weft_request_free(req[q]);
+    }
+    free(big);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(box, ranks_many_calls_apart, .timeout = 240)
+{
+    run_job(3, TIMEOUT_MS, step_rank, NULL, "ranks out of step");
+    run_job(4, TIMEOUT_MS, step_rank, NULL, "ranks out of step");
+}
