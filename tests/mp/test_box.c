@@ -427,6 +427,74 @@ static int step_rank(int rank, int nranks, void *arg)
     return weft_finalize(c) != WEFT_OK || fail;
 }
 
+/* Non-blocking all_reduces on frames that the ranks run as one batch
+ * take the numbers of all of them, more than the box's depth: a box call
+ * right after must not wait for a peer to show it ended them. */
+static int batch_rank(int rank, int nranks, void *arg)
+{
+    enum { NREQ = 12, COUNT = 64 };
+    float *v = mp_alloc((size_t)NREQ * COUNT * sizeof *v);
+    weft_request *req[NREQ];
+    weft_comm *c;
+    int fail = 0, rc;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK) {
+        free(v);
+        return 1;
+    }
+    for (int round = 0; round < 20 && !fail; round++) {
+        float s[2] = {(float)rank, 1.0f};
+
+        for (int q = 0; q < NREQ; q++) {
+            for (int i = 0; i < COUNT; i++)
+                v[q * COUNT + i] = (float)(rank + q + i);
+            if ((rc = weft_iall_reduce(c, v + q * COUNT, v + q * COUNT, COUNT,
+                                       WEFT_FLOAT32, WEFT_SUM, &req[q])) !=
+                WEFT_OK) {
+                fail = mp_report_rc(c, "iall_reduce", rc);
+                for (int k = 0; k < q; k++) {
+                    weft_wait(req[k]);
+                    weft_request_free(req[k]);
+                }
+                break;
+            }
+        }
+        if (fail)
+            break;
+        if ((rc = weft_wait_all(req, NREQ)) != WEFT_OK)
+            fail = mp_report_rc(c, "wait_all", rc);
+        for (int q = 0; q < NREQ; q++)
+            weft_request_free(req[q]);
+        for (int q = 0; !fail && q < NREQ; q++)
+            for (int i = 0; i < COUNT; i++)
+                if (v[q * COUNT + i] !=
+                    (float)(nranks * (nranks - 1) / 2 + nranks * (q + i))) {
+                    mp_log("round %d: request %d element %d is %g", round, q, i,
+                           (double)v[q * COUNT + i]);
+                    fail = 1;
+                    break;
+                }
+        if (!fail &&
+            (rc = weft_all_reduce(c, s, s, 2, WEFT_FLOAT32, WEFT_SUM)) != 0)
+            fail = mp_report_rc(c, "all_reduce in the box", rc);
+        if (!fail && (s[0] != (float)(nranks * (nranks - 1) / 2) ||
+                      s[1] != (float)nranks)) {
+            mp_log("round %d: box all_reduce gave %g %g", round, (double)s[0],
+                   (double)s[1]);
+            fail = 1;
+        }
+    }
+    free(v);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(box, a_batch_then_the_box, .timeout = 240)
+{
+    run_job(2, 10000, batch_rank, NULL, "batch then box");
+    run_job(4, 10000, batch_rank, NULL, "batch then box");
+}
+
 Test(box, ranks_many_calls_apart, .timeout = 240)
 {
     run_job(3, TIMEOUT_MS, step_rank, NULL, "ranks out of step");

@@ -83,6 +83,7 @@ void weft__shm_box_announce(weft__tp *t, uint64_t seq, const void *hdr,
     for (int k = 0; k < SHM_NOTE_WORDS; k++)
         atomic_store_explicit(&n->w[k], words[k], memory_order_relaxed);
     atomic_store_explicit(&n->seq, seq, memory_order_release);
+    tp->box_shown = seq;
 }
 
 /* Whether w's peer's note says it runs call seq on frames: 1 with its
@@ -148,6 +149,7 @@ int weft__shm_box_put(weft__tp *t, uint64_t seq, const void *msg, size_t len)
     slot->len = (uint32_t)len;
     memcpy(slot->msg, msg, len);
     atomic_store_explicit(&slot->seq, seq, memory_order_release);
+    tp->box_shown = seq;
     /* The sleepers are woken later (weft__shm_box_flush): a fence here
      * would wait for these stores to reach the peers' cores before this
      * rank looks for their messages, which it can do meanwhile. */
@@ -215,14 +217,23 @@ void weft__shm_box_done(weft__tp *t, uint64_t seq)
     /* This rank's messages reach the peers that sleep, now that its call
      * ended (by now the fence waits for nothing). */
     weft__shm_box_flush(tp);
-    if (seq > tp->box_done)
-        tp->box_done = seq; /* told the peers when this rank leaves */
+    if (seq <= tp->box_done)
+        return;
+    tp->box_done = seq;
+    /* Its slots and note say that this rank ended the calls before the
+     * last one it wrote; a call that took the numbers of several (a batch
+     * of all_reduces) ends past what they say, so it is written here
+     * (else a peer waiting for room would wait for this rank, and this
+     * rank for it). Other calls write nothing. */
+    if (seq > tp->box_shown && tp->box_seg != NULL && !tp->shut)
+        atomic_store_explicit(&shm_box_area_of(tp, tp->rank)->done, seq,
+                              memory_order_release);
 }
 
 /* What a watch compares: every peer's slots (the watched call's, and
- * those that say it started a call after it), its note, and whether it
- * left. All grow (a note is 0 only while it is written), so their sum
- * changes when one does. */
+ * those that say it started a call after it), its note, its done count,
+ * and whether it left. All grow (a note is 0 only while it is written),
+ * so their sum changes when one does. */
 static uint64_t box_sig(shm_tp *tp)
 {
     uint64_t sig = 0;
@@ -234,6 +245,7 @@ static uint64_t box_sig(shm_tp *tp)
         for (int k = 0; k < SHM_BOX_DEPTH; k++)
             sig += atomic_load_explicit(&pa->slot[k].seq, memory_order_relaxed);
         sig += atomic_load_explicit(&pa->note.seq, memory_order_relaxed);
+        sig += atomic_load_explicit(&pa->done, memory_order_relaxed);
         sig += atomic_load_explicit(w->peer_aborted, memory_order_relaxed);
         sig += (uint64_t)w->dead; /* its connection's end, noticed */
     }

@@ -191,7 +191,8 @@ typedef struct {
     shm_box_slot slot[SHM_BOX_DEPTH];
     shm_box_note note;
     /* The last call the rank ended, written when it leaves (its failure,
-     * its finalize). */
+     * its finalize) and after a call whose number its slots and note do
+     * not show (a batch's). */
     _Alignas(SHM_CACHE_LINE) _Atomic uint64_t done;
 } shm_box_area;
 
@@ -315,7 +316,8 @@ struct shm_tp {
      * the peers' slots and notes for it (box.c). */
     uint64_t box_watch;
     uint64_t box_sig;
-    uint64_t box_done; /* the last call this rank ended */
+    uint64_t box_done;  /* the last call this rank ended */
+    uint64_t box_shown; /* the last call its slots and note name */
     int box_room;      /* a box call waits for a peer to start a call */
     int box_unflushed; /* box stores made, sleepers not looked at since */
     /* Frames that completed, their callbacks not yet run (they run only
