@@ -411,7 +411,8 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         doubling >= 0 ? (size_t)doubling
         : one_host && cfg->shm && cfg->nranks >= WEFT__DOUBLING_WIDE_RANKS
             ? WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES
-            : WEFT__DOUBLING_ALL_REDUCE_BYTES;
+        : one_host && cfg->shm ? WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES
+                               : WEFT__DOUBLING_ALL_REDUCE_BYTES;
     /* WEFT_REDUCE_THREAD=1 asks for the thread in every pass. */
     cfg->reduce_thread_pass_bytes = pass_bytes >= 0 ? (size_t)pass_bytes
                                     : thread < 0 && one_host && cfg->shm

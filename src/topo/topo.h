@@ -74,6 +74,12 @@
  * the call's header. */
 #define WEFT__BOX_BYTES 192
 #define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
+/* Below that many ranks, all of one host and through shared memory, the
+ * switch is at 16 KiB: on the 16-core host (3 alternating rounds of 400
+ * calls, 61ba9cf) 32 KiB per rank took 29.7-33.0 us by doubling and
+ * 23.6-25.5 by halving at 8 ranks, 18.9 against 17.1-17.3 at 4; at 16 KiB
+ * the two were within 10% (docs/performance.md, "Run 6"). */
+#define WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES (16 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 /* The same where every rank of the job is on one host: there the ring's
  * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through

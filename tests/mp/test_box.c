@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,6 +341,83 @@ Test(box, a_late_peer_is_the_deadline_and_named, .timeout = 120)
     for (int r = 0; r < 2; r++)
         cr_assert(strstr(shm()->msg[r], "shared memory") == NULL,
                   "WEFT_BOX_BYTES=0, rank %d: %s", r, shm()->msg[r]);
+}
+
+/* ---- weft_abort while a box call waits ---- */
+
+struct aborter {
+    weft_comm *c;
+    int ms;
+};
+
+static void *abort_later(void *arg)
+{
+    const struct aborter *a = arg;
+
+    mp_sleep_ms(a->ms);
+    weft_abort(a->c);
+    return NULL;
+}
+
+/* Rank 0's call (blocking, or posted and waited for: arg) waits in the
+ * box for rank 1, which comes 2 s late; a second thread aborts rank 0's
+ * communicator after 300 ms: the call returns WEFT_EABORTED then, not at
+ * the deadline, and rank 1's call fails too. */
+static int abort_rank(int rank, int nranks, void *arg)
+{
+    const int nonblocking = *(const int *)arg;
+    float v[2] = {1, 2};
+    struct aborter a;
+    pthread_t th;
+    weft_comm *c;
+    double t0, dt;
+    int rc, fail = 0;
+
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if ((rc = weft_barrier(c)) != WEFT_OK)
+        return mp_report_rc(c, "barrier", rc);
+    if (rank == 1) {
+        mp_sleep_ms(2000);
+        rc = weft_all_reduce(c, v, v, 2, WEFT_FLOAT32, WEFT_SUM);
+        if (rc == WEFT_OK) {
+            mp_log("rank 1's all_reduce returned WEFT_OK after rank 0 "
+                   "aborted");
+            fail = 1;
+        }
+        return weft_finalize(c) != WEFT_OK || fail;
+    }
+    a = (struct aborter){c, 300};
+    if (pthread_create(&th, NULL, abort_later, &a) != 0)
+        return 1;
+    t0 = mp_now_ms();
+    if (nonblocking) {
+        weft_request *req;
+
+        rc = weft_iall_reduce(c, v, v, 2, WEFT_FLOAT32, WEFT_SUM, &req);
+        if (rc == WEFT_OK) {
+            rc = weft_wait(req);
+            weft_request_free(req);
+        }
+    } else
+        rc = weft_all_reduce(c, v, v, 2, WEFT_FLOAT32, WEFT_SUM);
+    dt = mp_now_ms() - t0;
+    pthread_join(th, NULL);
+    if (rc != WEFT_EABORTED || dt > 1500) {
+        mp_log("%s all_reduce aborted after 300 ms: %s after %.0f ms (%s)",
+               nonblocking ? "posted" : "blocking", weft_err_name(rc), dt,
+               weft_last_error(c));
+        fail = 1;
+    }
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(box, weft_abort_ends_a_wait_in_the_box, .timeout = 120)
+{
+    static const int blocking = 0, nonblocking = 1;
+
+    run_job(2, TIMEOUT_MS, abort_rank, (void *)&blocking, "abort, blocking");
+    run_job(2, TIMEOUT_MS, abort_rank, (void *)&nonblocking, "abort, posted");
 }
 
 /* ---- ranks out of step ---- */
