@@ -1571,8 +1571,10 @@ static int box_wait(run *r)
         if (box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK)
             return 1;
     }
+    /* The watch reports changes from what the slots hold now: one more
+     * look, for a message that came since the last. */
     c->tpo->box_watch(c->tp, r->k->seq);
-    return 0;
+    return box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK;
 }
 
 /* The first pass of a collective call that runs on frames, where c has
