@@ -1,4 +1,5 @@
-/* The small all_reduce and the barrier through the box; see coll.h. */
+/* The small all_reduce, all_gather and the barrier through the box; see
+ * coll.h. */
 #include "coll/coll.h"
 
 #include "base/kernels.h"
@@ -29,6 +30,19 @@ int weft__box_all_reduce(weft__task *t)
         return rc;
     t->next = reduce_boxed;
     return WEFT_OK;
+}
+
+int weft__box_all_gather(weft__task *t)
+{
+    const weft__args *a = &t->a;
+
+    assert(t->g.n == t->c->nranks);
+    /* Each peer's block lands in recvbuf as it comes; this rank's is
+     * copied there (as the mesh's all-gather does, sendbuf may be its own
+     * block of recvbuf). */
+    return weft__box_start(t->c, t->k, a->sendbuf,
+                           a->count * weft_dtype_size(a->dtype), a->recvbuf,
+                           &t->pass);
 }
 
 int weft__box_barrier(weft__task *t)

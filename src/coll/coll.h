@@ -45,9 +45,11 @@ int weft__halving_all_reduce(weft__task *t);
 /* Through the box (engine.h: every rank of the job on this host, c->box
  * != 0), the whole job: every rank publishes its input to every other and
  * reduces all of them in rank order 0..n-1, as the gather above, in one
- * slot per rank instead of frames (count * size <= c->box); and the
- * barrier, a header alone from each rank to every other. */
+ * slot per rank instead of frames (count * size <= c->box); the
+ * all-gather of blocks that small; and the barrier, a header alone from
+ * each rank to every other. */
 int weft__box_all_reduce(weft__task *t);
+int weft__box_all_gather(weft__task *t);
 int weft__box_barrier(weft__task *t);
 
 /* A barrier: an all_gather (with `gather`) of one byte per rank, so no

@@ -92,9 +92,12 @@ static const struct algo_row {
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_HALVING, weft__halving_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING, UPTO_SMALL, ring_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_reduce},
-    /* all_gather and reduce_scatter: hierarchical where hosts run several
-     * ranks each (across the hosts, within each host; or the mirror), else
-     * one direct exchange or around the ring. */
+    /* all_gather and reduce_scatter: small blocks of all_gather through
+     * the box; hierarchical where hosts run several ranks each (across the
+     * hosts, within each host; or the mirror), else one direct exchange or
+     * around the ring. */
+    {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX,
+     weft__box_all_gather},
     {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_GATHER,
      weft__hier_all_gather},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},

@@ -158,7 +158,7 @@ typedef struct weft__pass {
      * came), each landing at box_out + peer * box_len. */
     int box;
     int box_put;
-    int box_waited; /* the first wait's spin is over, the watch set */
+    int box_waited; /* the transport watches the box for it */
     int box_left;
     uint64_t box_got;
     size_t box_len;
@@ -1547,14 +1547,12 @@ int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
 }
 
 /* A box pass's wait before the transport's: 1 where it ended (or
- * failed). Its first wait, where the host has a core per rank, looks at
- * the peers' slots alone for a while (BOX_SPIN_POLLS looks), since a
- * pass of the transport's progress (every ring, the clock, the TCP side)
- * costs more than a message's own way from one core to another; then the
- * transport is told to watch the box, so that its progress() returns when
- * a message comes. */
-#define BOX_SPIN_POLLS 4096
-
+ * failed). Before its first wait the transport is told to watch the box,
+ * so that its progress() returns when a message comes. (A first wait that
+ * looked at the slots alone for a while before that was no faster on the
+ * 16-core host once a message fit one cache line, 8 B at 2-16 ranks, and
+ * 35% slower on the 2-core VM with another process taking a core: it
+ * held the core the peer waited for.) */
 static int box_wait(run *r)
 {
     weft__ctx *c = r->c;
@@ -1564,13 +1562,6 @@ static int box_wait(run *r)
     if (r->box_waited)
         return 0;
     r->box_waited = 1;
-    for (int i = 0; c->cfg->own_core && i < BOX_SPIN_POLLS; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        if (box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK)
-            return 1;
-    }
     /* The watch reports changes from what the slots hold now: one more
      * look, for a message that came since the last. */
     c->tpo->box_watch(c->tp, r->k->seq);

@@ -1,7 +1,8 @@
 /*
  * The box: where every rank is on one host with shared memory, a small
- * all_reduce (up to WEFT_BOX_BYTES, 192 by default) and the barrier go
- * through a slot per rank and call instead of frames. As a user sees it:
+ * all_reduce (up to WEFT_BOX_BYTES, 192 by default), an all_gather of
+ * blocks that small and the barrier go through a slot per rank and call
+ * instead of frames. As a user sees it:
  * the same results as the frames give, at the box's edge too; calls that
  * differ across ranks are WEFT_EMISMATCH whether both went to the box or
  * one did not; a dead peer is WEFT_EPEER at once and a late one
@@ -135,6 +136,49 @@ static int results_rank(int rank, int nranks, void *arg)
                 free(recv);
                 free(want);
             }
+    }
+    /* all_gather: blocks at the box's edge and one past it, in place
+     * (this rank's block of recvbuf is sendbuf) and not. */
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
+        const size_t es = weft_dtype_size(dtypes[d]);
+        const size_t edge = BOX_BYTES / es;
+        const size_t counts[] = {1, edge, edge + 1};
+
+        for (size_t k = 0; k < 2 * sizeof counts / sizeof counts[0] && !fail;
+             k++) {
+            const size_t n = counts[k / 2], bytes = n * es;
+            const int inplace = (int)(k & 1);
+            const size_t all = bytes * (size_t)nranks;
+            char *send = mp_alloc(bytes);
+            char *recv = mp_alloc(all + 2 * MP_CANARY_BYTES);
+            char *want = mp_alloc(all);
+            char *out = recv + MP_CANARY_BYTES;
+            char *mine = inplace ? out + (size_t)rank * bytes : send;
+            char what[128];
+            int rc;
+
+            memset(recv, MP_CANARY, all + 2 * MP_CANARY_BYTES);
+            for (size_t i = 0; i < n; i++) {
+                mp_put_value(dtypes[d], mine, i, elem(rank, i));
+                for (int r = 0; r < nranks; r++)
+                    mp_put_value(dtypes[d], want + (size_t)r * bytes, i,
+                                 elem(r, i));
+            }
+            snprintf(what, sizeof what, "all_gather(%s, count=%zu%s)",
+                     mp_dtype_name(dtypes[d]), n, inplace ? ", in place" : "");
+            rc = weft_all_gather(c, mine, out, n, dtypes[d]);
+            if (rc != WEFT_OK)
+                fail = mp_report_rc(c, what, rc);
+            else
+                fail =
+                    mp_check_elems(what, "recvbuf", dtypes[d], out, want,
+                                   n * (size_t)nranks) ||
+                    mp_check_canary(what, "recvbuf", out, all) ||
+                    mp_check_canary(what, "the bytes before recvbuf", recv, 0);
+            free(send);
+            free(recv);
+            free(want);
+        }
     }
     if (!fail) {
         int rc = weft_barrier(c);

@@ -168,8 +168,19 @@ int weft__shm_box_put(weft__tp *t, uint64_t seq, const void *msg, size_t len)
     tp->box_shown = seq;
     /* The sleepers are woken later (weft__shm_box_flush): a fence here
      * would wait for these stores to reach the peers' cores before this
-     * rank looks for their messages, which it can do meanwhile. */
+     * rank looks for their messages, which it can do meanwhile. But a
+     * peer seen asleep already (a look without the fence, which may miss
+     * one that is just going to sleep: the later flush finds that one) is
+     * woken now, as the rings wake it: on a loaded host, where peers
+     * sleep, waking them a few microseconds later made calls slower than
+     * on frames. */
     tp->box_unflushed = 1;
+    for (int i = 0; i < tp->nlocal; i++)
+        if (atomic_load_explicit(tp->wires[i].peer_sleep,
+                                 memory_order_relaxed) != 0) {
+            weft__shm_box_flush(tp);
+            break;
+        }
     return 0;
 }
 
