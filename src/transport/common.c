@@ -11,9 +11,8 @@ int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire)
 
 void weft__spin_init(weft__spin *s, const weft__config *cfg)
 {
-    s->base_ns = (uint64_t)cfg->spin_us * 1000u;
+    s->cur_ns = s->base_ns = (uint64_t)cfg->spin_us * 1000u;
     s->max_ns = cfg->own_core ? s->base_ns * WEFT__SPIN_GROWTH : s->base_ns;
-    s->cur_ns = s->max_ns;
 }
 
 void weft__spin_slept(weft__spin *s, uint64_t slept_ns)

@@ -17,15 +17,11 @@
 int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire);
 
 /* How long a progress() that found nothing to do polls before it sleeps.
- * It is WEFT_SPIN_US where this host has fewer cores than ranks. Where it
- * has a core per rank (own_core), the length starts at its cap,
- * WEFT__SPIN_GROWTH times WEFT_SPIN_US; a sleep of more than four times
- * the length halves it, down to WEFT_SPIN_US, and a sleep that ended
- * within it (a longer spin would have caught its event without the
- * wake-up) doubles it, up to the cap. (Started at WEFT_SPIN_US, runs of
- * 1000 8-byte calls at 16 ranks on the 16-core host were 2-5x slower in
- * 3 of 8 runs, where the ranks spent the run waking each other before
- * the length grew; started at the cap, 2.60-3.80 us in all 8.) Else a wake-up of a
+ * It starts at WEFT_SPIN_US. Where this host has a core per rank
+ * (own_core), a sleep that ended within the spin's length (a longer
+ * spin would have caught its event without the wake-up) doubles it, up
+ * to WEFT__SPIN_GROWTH times WEFT_SPIN_US, and a sleep of more than four
+ * times the length halves it, down to WEFT_SPIN_US. Else a wake-up of a
  * sleeping peer, which takes 20-50 us on an idle core of a host of many,
  * can make the next wait sleep too, and ranks that sleep in turn stay in
  * that state: 2-20 us per small call became 18-72 us for whole runs on
