@@ -1375,6 +1375,8 @@ void weft__pass_end(weft__pass *r, int rc)
  * the data's), 24 bytes where the full one takes 52, so that a small
  * message fits the slot's first cache line. */
 #define BOX_HDR_BYTES 24
+/* The most ranks a box pass serves: one bit each in box_got. */
+#define BOX_MAX_RANKS 64
 
 static void box_hdr_encode(uint8_t *b, const weft__call *k, int pass)
 {
@@ -1414,7 +1416,7 @@ void weft__box_init(weft__ctx *c)
     size_t least = WEFT__BOX_MSG_MAX;
 
     c->box = 0;
-    if (c->tpo->box_bytes == NULL || c->nranks > 64)
+    if (c->tpo->box_bytes == NULL || c->nranks > BOX_MAX_RANKS)
         return;
     for (int p = 0; p < c->nranks; p++) {
         size_t b = p == c->rank ? least : c->tpo->box_bytes(c->tp, p);
@@ -1463,12 +1465,12 @@ static int box_poll(run *r)
             continue;
         }
         /* A message's header, in full; a note (4) has it in full. */
-        if (rc != 4 && len >= BOX_HDR_BYTES)
-            box_hdr_full(m, len, r->k, full);
-        else if (rc == 4)
-            memcpy(full, m, len < HDR_BYTES ? len : HDR_BYTES);
         if (len < (rc == 4 ? HDR_BYTES : BOX_HDR_BYTES))
             memset(full, 0, HDR_BYTES); /* no header: fails */
+        else if (rc == 4)
+            memcpy(full, m, HDR_BYTES);
+        else
+            box_hdr_full(m, len, r->k, full);
         want = hdr_make(r->k, r->pass, TAG_BOX, seq, r->box_len);
         /* A note differs in its tag at least: it says which call. */
         if (hdr_check(r, full, &want, p, 0) != 0 || rc == 4)
@@ -1490,18 +1492,13 @@ static int box_poll(run *r)
     }
     /* A peer's leaving, once every peer's header that is there matched
      * (a call that differs is the cause, where there is one). */
-    if (left_mid >= 0)
+    if (left_mid >= 0 || left >= 0)
         return fail_into(c, &r->err, WEFT_EPEER,
                          "rank %d: %s: peer %d (same host) closed its side "
-                         "(finalized, failed or exited) in the middle of "
-                         "the call",
-                         c->rank, r->k->name, left_mid);
-    if (left >= 0)
-        return fail_into(c, &r->err, WEFT_EPEER,
-                         "rank %d: %s: peer %d (same host) closed its side "
-                         "(finalized, failed or exited) before its part of "
-                         "the call",
-                         c->rank, r->k->name, left);
+                         "(finalized, failed or exited) %s the call",
+                         c->rank, r->k->name, left_mid >= 0 ? left_mid : left,
+                         left_mid >= 0 ? "in the middle of"
+                                       : "before its part of");
     return 0;
 }
 

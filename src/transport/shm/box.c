@@ -24,22 +24,6 @@
 
 #include <string.h>
 
-/* The note's seqlock fences: release between the writer's 0 and its
- * words, acquire between the reader's words and its second look at seq.
- * GCC refuses fences under -fsanitize=thread; there a locked
- * read-modify-write orders the same (the note's words are atomics, so
- * ThreadSanitizer sees no race either way). */
-static void note_fence(memory_order mo)
-{
-#ifdef __SANITIZE_THREAD__
-    static _Atomic unsigned word;
-    (void)mo;
-    atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
-#else
-    atomic_thread_fence(mo);
-#endif
-}
-
 size_t weft__shm_box_bytes(weft__tp *t, int peer)
 {
     shm_tp *tp = (shm_tp *)t;
@@ -95,7 +79,7 @@ void weft__shm_box_announce(weft__tp *t, uint64_t seq, const void *hdr,
     memcpy(words, hdr, len < sizeof words ? len : sizeof words);
     /* A seqlock: 0 while the words change. */
     atomic_store_explicit(&n->seq, 0, memory_order_relaxed);
-    note_fence(memory_order_release);
+    shm_fence(memory_order_release); /* the 0 before the words */
     for (int k = 0; k < SHM_NOTE_WORDS; k++)
         atomic_store_explicit(&n->w[k], words[k], memory_order_relaxed);
     atomic_store_explicit(&n->seq, seq, memory_order_release);
@@ -113,7 +97,7 @@ static int note_says(shm_box_note *n, uint64_t seq, void *out, size_t cap,
         return 0;
     for (int k = 0; k < SHM_NOTE_WORDS; k++)
         words[k] = atomic_load_explicit(&n->w[k], memory_order_relaxed);
-    note_fence(memory_order_acquire);
+    shm_fence(memory_order_acquire); /* the words before seq */
     if (atomic_load_explicit(&n->seq, memory_order_relaxed) != seq)
         return 0; /* rewritten meanwhile: a later call's */
     *len = cap < sizeof words ? cap : sizeof words;
@@ -207,8 +191,8 @@ int weft__shm_box_get(weft__tp *t, int peer, uint64_t seq, void *out,
     if (tp->err != 0)
         return tp->err;
     if (at > seq) {
-        /* It cannot write call seq + SHM_BOX_DEPTH before this rank said
-         * it is done with call seq: a peer that broke the protocol. */
+        /* It cannot write call seq + SHM_BOX_DEPTH before this rank has
+         * started call seq + 1: a peer that broke the protocol. */
         weft__shm_fail(tp, WEFT_ETRANSPORT,
                        "rank %d: peer %d's box holds call #%llu where this "
                        "rank waits for call #%llu",

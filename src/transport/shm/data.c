@@ -59,19 +59,10 @@ static void run_done(shm_tp *tp)
 }
 
 /* A full fence, between this rank's store to a ring and its look at the
- * peer's word (or the other way round). GCC refuses fences under
- * -fsanitize=thread, which does not model them; the other side of these
- * is another process (or another mapping of the segment), which
- * ThreadSanitizer does not see anyway, so there a locked read-modify-write
- * orders the same. */
+ * peer's word (or the other way round). */
 static void full_fence(void)
 {
-#ifdef __SANITIZE_THREAD__
-    static _Atomic unsigned word;
-    atomic_fetch_add_explicit(&word, 0, memory_order_seq_cst);
-#else
-    atomic_thread_fence(memory_order_seq_cst);
-#endif
+    shm_fence(memory_order_seq_cst);
 }
 
 /* Sends w's peer a datagram where it sleeps (its flag raised), lowering

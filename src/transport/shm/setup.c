@@ -141,26 +141,65 @@ static void seg_fd_close(int fd)
     SHM_FD_UNSEEN_END();
 }
 
-/* MAP_POPULATE: the pages are faulted in here, at set-up, on both sides.
+/* Maps bytes of segment fd; what names it for the message ("peer 3", "the
+ * box").
+ *
+ * MAP_POPULATE: the pages are faulted in here, at set-up, on both sides.
  * Left to first touch, each ring's pages fault in (allocated and zeroed by
  * the writer, mapped again by the reader) during whichever calls first
  * carry the ring's head across them: measured with 2 ranks on the 2-core
  * VM, 20 calls of 8 KiB after 3 warm-ups, following the smaller sizes of a
  * sweep, took 11 us each against 2.2 us once populated. */
-static int map_fd(shm_tp *tp, shm_wire *w, int fd)
+static int seg_map(shm_tp *tp, int fd, size_t bytes, const char *what,
+                   void **out)
 {
     void *m;
 
     SHM_FD_UNSEEN_BEGIN();
-    m = mmap(NULL, seg_bytes(tp), PROT_READ | PROT_WRITE,
-             MAP_SHARED | MAP_POPULATE, fd, 0);
+    m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+             0);
     SHM_FD_UNSEEN_END();
-
     if (m == MAP_FAILED)
         return weft__fail(tp->p->sink, WEFT_ENOMEM,
                           "rank %d: cannot map %zu bytes of shared memory "
-                          "for peer %d: %s",
-                          tp->rank, seg_bytes(tp), w->peer, strerror(errno));
+                          "for %s: %s",
+                          tp->rank, bytes, what, strerror(errno));
+    *out = m;
+    return WEFT_OK;
+}
+
+/* A fresh anonymous segment of bytes (zero-filled), its descriptor in
+ * *fd (also on a failure after memfd_create: the caller closes it). */
+static int seg_memfd(shm_tp *tp, const char *name, size_t bytes,
+                     const char *what, int *fd)
+{
+    int rc;
+
+    if ((*fd = memfd_create(name, MFD_CLOEXEC)) < 0)
+        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                          "rank %d: memfd_create for %s: %s (set "
+                          "WEFT_SHM=0 to use TCP between ranks of a host)",
+                          tp->rank, what, strerror(errno));
+    SHM_FD_UNSEEN_BEGIN();
+    rc = ftruncate(*fd, (off_t)bytes);
+    SHM_FD_UNSEEN_END();
+    if (rc != 0)
+        return weft__fail(tp->p->sink, WEFT_ENOMEM,
+                          "rank %d: cannot size %zu bytes of shared memory "
+                          "for %s: %s",
+                          tp->rank, bytes, what, strerror(errno));
+    return WEFT_OK;
+}
+
+static int map_fd(shm_tp *tp, shm_wire *w, int fd)
+{
+    char what[32];
+    void *m = NULL;
+    int rc;
+
+    snprintf(what, sizeof what, "peer %d", w->peer);
+    if ((rc = seg_map(tp, fd, seg_bytes(tp), what, &m)) != 0)
+        return rc;
     w->seg = m;
     w->seg_bytes = seg_bytes(tp);
     wire_map(tp, w);
@@ -170,23 +209,13 @@ static int map_fd(shm_tp *tp, shm_wire *w, int fd)
 /* The lower rank of a pair: a fresh anonymous segment (zero-filled). */
 static int seg_create(shm_tp *tp, shm_wire *w)
 {
-    int fd = memfd_create("weft-shm", MFD_CLOEXEC), rc;
+    char what[32];
+    int rc;
 
-    if (fd < 0)
-        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
-                          "rank %d: memfd_create for peer %d: %s (set "
-                          "WEFT_SHM=0 to use TCP between ranks of a host)",
-                          tp->rank, w->peer, strerror(errno));
-    w->seg_fd = fd;
-    SHM_FD_UNSEEN_BEGIN();
-    rc = ftruncate(fd, (off_t)seg_bytes(tp));
-    SHM_FD_UNSEEN_END();
-    if (rc != 0)
-        return weft__fail(tp->p->sink, WEFT_ENOMEM,
-                          "rank %d: cannot size %zu bytes of shared memory "
-                          "for peer %d: %s",
-                          tp->rank, seg_bytes(tp), w->peer, strerror(errno));
-    if ((rc = map_fd(tp, w, fd)) != 0)
+    snprintf(what, sizeof what, "peer %d", w->peer);
+    if ((rc = seg_memfd(tp, "weft-shm", seg_bytes(tp), what, &w->seg_fd)) !=
+            0 ||
+        (rc = map_fd(tp, w, w->seg_fd)) != 0)
         return rc;
     w->seg->magic = SHM_MAGIC;
     w->seg->version = SHM_VERSION;
@@ -203,17 +232,11 @@ static size_t box_seg_bytes(const shm_tp *tp)
 
 static int box_map(shm_tp *tp, int fd)
 {
-    void *m;
+    void *m = NULL;
+    int rc;
 
-    SHM_FD_UNSEEN_BEGIN();
-    m = mmap(NULL, box_seg_bytes(tp), PROT_READ | PROT_WRITE,
-             MAP_SHARED | MAP_POPULATE, fd, 0);
-    SHM_FD_UNSEEN_END();
-    if (m == MAP_FAILED)
-        return weft__fail(tp->p->sink, WEFT_ENOMEM,
-                          "rank %d: cannot map %zu bytes of shared memory "
-                          "for the box: %s",
-                          tp->rank, box_seg_bytes(tp), strerror(errno));
+    if ((rc = seg_map(tp, fd, box_seg_bytes(tp), "the box", &m)) != 0)
+        return rc;
     tp->box_seg = m;
     tp->box_seg_bytes = box_seg_bytes(tp);
     return WEFT_OK;
@@ -223,23 +246,11 @@ static int box_map(shm_tp *tp, int fd)
  * their pair's segment (seg_send_all). */
 static int box_create(shm_tp *tp)
 {
-    int fd = memfd_create("weft-box", MFD_CLOEXEC), rc;
+    int rc;
 
-    if (fd < 0)
-        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
-                          "rank %d: memfd_create for the box: %s (set "
-                          "WEFT_SHM=0 to use TCP between ranks of a host)",
-                          tp->rank, strerror(errno));
-    tp->box_fd = fd;
-    SHM_FD_UNSEEN_BEGIN();
-    rc = ftruncate(fd, (off_t)box_seg_bytes(tp));
-    SHM_FD_UNSEEN_END();
-    if (rc != 0)
-        return weft__fail(tp->p->sink, WEFT_ENOMEM,
-                          "rank %d: cannot size %zu bytes of shared memory "
-                          "for the box: %s",
-                          tp->rank, box_seg_bytes(tp), strerror(errno));
-    if ((rc = box_map(tp, fd)) != 0)
+    if ((rc = seg_memfd(tp, "weft-box", box_seg_bytes(tp), "the box",
+                        &tp->box_fd)) != 0 ||
+        (rc = box_map(tp, tp->box_fd)) != 0)
         return rc;
     weft__put_be32((uint8_t *)tp->box_seg, SHM_MAGIC);
     weft__put_be32((uint8_t *)tp->box_seg + 4, SHM_VERSION);
