@@ -142,6 +142,7 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
     if (c->x.tp != NULL) {
         c->topo = weft__topology(&c->x);
         weft__box_init(&c->x);
+        weft__pull_init(&c->x);
     }
     /* A rank that forwards relayed messages keeps doing it between its
      * own operations. */

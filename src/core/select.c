@@ -35,6 +35,8 @@ enum {
     UPTO_HALVING,      /* count * elem (per rank) <= halving_all_reduce_bytes
                           (power-of-two jobs) or halving_fold_all_reduce_bytes
                           (others); see size_fits */
+    FROM_PULL,         /* every rank on this host and readable (c->pull),
+                          count * elem (per rank) >= pull_all_reduce_bytes */
     FROM_HIER,         /* hosts with several ranks each (cfg->hier_local),
                           WEFT_HIER on, count * elem (per rank) >=
                           hier_all_reduce_bytes and count >= nranks */
@@ -85,6 +87,8 @@ static const struct algo_row {
      weft__box_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER,
      weft__hier_all_reduce},
+    {WEFT__OP_ALL_REDUCE, ON_DIRECT | ON_MESH, FROM_PULL,
+     weft__pull_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, UPTO_MESH_SMALL, mesh_gather_reduce},
     {WEFT__OP_ALL_REDUCE, ON_MESH, ANY_SIZE, weft__mesh_all_reduce},
     {WEFT__OP_ALL_REDUCE, ON_DIRECT, UPTO_DOUBLING, weft__doubling_all_reduce},
@@ -173,6 +177,8 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
                a->count >= (size_t)c->nranks &&
                bytes <= (pow2 ? c->cfg->halving_all_reduce_bytes
                               : c->cfg->halving_fold_all_reduce_bytes);
+    case FROM_PULL:
+        return c->pull && bytes >= c->cfg->pull_all_reduce_bytes;
     case FROM_HIER:
         /* An element per rank: every chunk of every phase holds one, so
          * every pass moves data and compares the ranks' calls. */

@@ -15,6 +15,7 @@
 #include "base/bytes.h"
 #include "base/kernels.h"
 #include "engine/plan.h"
+#include "engine/pool.h"
 #include "engine/reducer.h"
 #include "transport/transport.h"
 
@@ -266,6 +267,18 @@ int weft__set_error(weft__ctx *c, int err, const char *fmt, ...)
     va_start(ap, fmt);
     rc = weft__vfail(&c->fail, err, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int weft__call_fail(weft__ctx *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = weft__vfail(&c->fail, err, fmt, ap);
+    va_end(ap);
+    c->tpo->shutdown(c->tp);
     return rc;
 }
 
@@ -926,6 +939,8 @@ void weft__engine_free(weft__ctx *c)
 {
     struct weft__engine *e = c->eng;
 
+    weft__pool_destroy(c->pool);
+    c->pool = NULL;
     if (e == NULL)
         return;
     weft__reducer_destroy(e->reducer);
@@ -1576,6 +1591,34 @@ static void box_announce(run *r)
 
     hdr_encode(b, &h);
     c->tpo->box_announce(c->tp, r->k->seq, b, sizeof b);
+}
+
+/* ---- the one-copy all_reduce's set-up (engine.h) ---- */
+
+void weft__pull_init(weft__ctx *c)
+{
+    c->pull = 0;
+    if (c->nranks > WEFT__MESH_MAX_RANKS || c->cfg->pull_threads < 1 ||
+        c->cfg->pull_all_reduce_bytes == 0 || c->tpo->can_read == NULL ||
+        c->tpo->peer_read == NULL)
+        return;
+    for (int p = 0; p < c->nranks; p++)
+        if (p != c->rank && !c->tpo->can_read(c->tp, p))
+            return;
+    c->pull = 1;
+}
+
+weft__pool *weft__ctx_pool(weft__ctx *c)
+{
+    if (c->pool == NULL)
+        c->pool = weft__pool_create(c->cfg->pull_threads);
+    return c->pool;
+}
+
+int weft__peer_read(weft__ctx *c, int peer, void *dst, uint64_t addr,
+                    size_t len, int *err)
+{
+    return c->tpo->peer_read(c->tp, peer, dst, addr, len, err);
 }
 
 void weft__call_end(weft__ctx *c, uint64_t seq)

@@ -71,6 +71,13 @@ typedef struct weft__ctx {
     /* The bytes of data a box pass (below) carries per rank on c, 0 where
      * there is no box: set once the transport is up (weft__box_init). */
     size_t box;
+    /* 1 where the all_reduce by one-copy reads may run on c (every peer
+     * on this host, and readable: weft__pull_init), and the threads that
+     * run its parts, started by its first call (weft__ctx_pool). */
+    int pull;
+    struct weft__pool *pool;
+    /* Its calls' buffers, per rank: sendbuf, recvbuf. */
+    uint64_t pull_addr[2 * WEFT__MESH_MAX_RANKS];
 } weft__ctx;
 
 /* Records err on c's error record (the first failure wins) and returns
@@ -81,6 +88,12 @@ int weft__set_error(weft__ctx *c, int err, const char *fmt, ...)
 /* An error that does not fail c (a bad argument, found before anything
  * moved): its text becomes weft_last_error(c) unless c has failed. */
 int weft__note(weft__ctx *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records err on c's error record as weft__set_error does, and shuts the
+ * transport down, as a pass that fails does: for an algorithm that fails
+ * between passes, once something of the call moved. */
+int weft__call_fail(weft__ctx *c, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Grows c->scratch to at least nbytes. */
@@ -230,6 +243,22 @@ void weft__box_init(weft__ctx *c);
  * ended as any pass. */
 int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
                     char *out, weft__pass **pass);
+
+/* Sets c->pull: the job's configuration allows the one-copy all_reduce
+ * (cfg->pull_threads and cfg->pull_all_reduce_bytes not 0) and this rank
+ * can read every peer's memory and be read by it (the transport's
+ * can_read; every peer on this host). */
+void weft__pull_init(weft__ctx *c);
+
+/* c's pool of cfg->pull_threads threads (engine/pool.h), started on the
+ * first call; NULL when out of memory. Freed by weft__engine_free. */
+struct weft__pool *weft__ctx_pool(weft__ctx *c);
+
+/* Copies len bytes at addr in peer's memory to dst (c->pull): 0, or the
+ * transport's peer_read's failure (transport.h), recorded nowhere. Safe
+ * from any thread. */
+int weft__peer_read(weft__ctx *c, int peer, void *dst, uint64_t addr,
+                    size_t len, int *err);
 
 /* After collective call number seq (and every earlier one) ended on this
  * rank, whatever ran it: the box's slots of those calls may be written

@@ -45,6 +45,31 @@ static int cores_per_rank(const weft__config *cfg, long per)
     return ncpu >= per * (local > 0 ? local : 1);
 }
 
+/* The host's cores per rank on it: the same on every rank of the host,
+ * as the one-copy all_reduce's defaults must be. */
+static long host_cores_per_rank(const weft__config *cfg)
+{
+    int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
+
+    return sysconf(_SC_NPROCESSORS_ONLN) / (local > 0 ? local : 1);
+}
+
+/* WEFT_PULL_THREADS unset: the host's cores per rank, 0 (off) below 2,
+ * then no more than this process may run on, nor PULL_MAX_THREADS. */
+static int auto_pull_threads(const weft__config *cfg)
+{
+    long per = host_cores_per_rank(cfg);
+    cpu_set_t set;
+
+    if (per < 2)
+        return 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < per)
+        per = CPU_COUNT(&set);
+    if (per > WEFT__PULL_MAX_THREADS)
+        per = WEFT__PULL_MAX_THREADS;
+    return per > 1 ? (int)per : 1;
+}
+
 static int env_int(const char *name, long lo, long hi, long dflt, long *out,
                    char *errmsg, size_t errlen)
 {
@@ -428,6 +453,13 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__DEFAULT_SHM_CMA_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->shm_cma_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_PULL_ALL_REDUCE_BYTES", 0, 1L << 40,
+                      WEFT__PULL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->pull_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_PULL_THREADS", 0, 64, -1, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->pull_threads = v >= 0 ? (int)v : auto_pull_threads(cfg);
     if ((rc = env_int("WEFT_IB_SLOTS", 2, 4096, WEFT__DEFAULT_IB_SLOTS, &v,
                       errmsg, errlen)) != 0)
         return rc;

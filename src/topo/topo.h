@@ -30,6 +30,19 @@
  * memory (process_vm_readv) instead of copied through the ring. */
 #define WEFT__DEFAULT_SHM_RING_BYTES (256 * 1024)
 #define WEFT__DEFAULT_SHM_CMA_BYTES (64 * 1024)
+/* The all_reduce by one-copy reads (WEFT_PULL_ALL_REDUCE_BYTES, per rank,
+ * count * size; coll/pull.c): where every rank is on this host and each
+ * can read the others' memory, each rank reads its share of every peer's
+ * input and reduces it, then reads every other share from its owner,
+ * with WEFT_PULL_THREADS threads. Unset, the threads are the host's cores
+ * per rank on it (at most PULL_MAX_THREADS, and at most the cores this
+ * process may run on), and the algorithm is off below 2 cores per rank,
+ * where one thread loses to the ring (16-core host, 8 and 16 ranks:
+ * 2.2-3.2 GB/s against 2.5-4.5). From 4 MiB it beats the ring at 2, 4
+ * and 8 ranks of the 16-core host (at 1 MiB they are even); see
+ * docs/performance.md. */
+#define WEFT__PULL_ALL_REDUCE_BYTES (4 * 1024 * 1024)
+#define WEFT__PULL_MAX_THREADS 8
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
  * measured with bench/thresholds.
@@ -195,6 +208,8 @@ typedef struct weft__config {
     int shm;              /* tcp: ranks of one host use shared memory */
     size_t shm_ring_bytes; /* shm: bytes of each direction's ring */
     size_t shm_cma_bytes;  /* shm: frames this big go by one copy (0: never) */
+    size_t pull_all_reduce_bytes; /* the one-copy all_reduce from (0: off) */
+    int pull_threads; /* ... its threads per rank (0: off) */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];

@@ -148,6 +148,20 @@ typedef struct weft__tp_ops {
                    size_t *len);
     void (*box_done)(weft__tp *tp, uint64_t seq);
     void (*box_watch)(weft__tp *tp, uint64_t seq);
+    /* One-copy reads of a peer's memory (ranks of one host). NULL where
+     * the transport has none.
+     * - can_read: 1 where peer_read reaches peer and peer can read this
+     *   rank's memory likewise, else 0.
+     * - peer_read: copies len bytes at addr in peer's memory to dst. 0;
+     *   WEFT_EPEER where the peer left (failed, finalized or died) before
+     *   the read ended, so what was read must not be used (a peer hands
+     *   its buffers back only after it marked its leaving); or
+     *   WEFT_ETRANSPORT where the kernel refused (its errno in *err).
+     *   Records and fails nothing, and is safe from any thread while the
+     *   transport is up. */
+    int (*can_read)(weft__tp *tp, int peer);
+    int (*peer_read)(weft__tp *tp, int peer, void *dst, uint64_t addr,
+                     size_t len, int *err);
 } weft__tp_ops;
 
 extern const weft__tp_ops weft__tcp_ops;

@@ -324,6 +324,43 @@ static long cma_read(shm_wire *w, uint64_t addr, size_t n)
     return (long)got;
 }
 
+int weft__shm_can_read(weft__tp *t, int peer)
+{
+    shm_tp *tp = (shm_tp *)t;
+    const shm_wire *w = peer >= 0 && peer < tp->nranks ? tp->local[peer] : NULL;
+
+    return w != NULL && w->seg != NULL && w->can_read_peer && w->peer_reads_me;
+}
+
+int weft__shm_peer_read(weft__tp *t, int peer, void *dst, uint64_t addr,
+                        size_t len, int *err)
+{
+    shm_tp *tp = (shm_tp *)t;
+    shm_wire *w = tp->local[peer];
+    char *d = dst;
+
+    *err = 0;
+    while (len > 0) {
+        struct iovec l = {.iov_base = d, .iov_len = len};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)addr, .iov_len = len};
+        ssize_t got = process_vm_readv(w->pid, &l, 1, &r, 1, 0);
+
+        if (got <= 0) {
+            /* A peer that left may have unmapped what it named. */
+            if (atomic_load(w->peer_aborted) != 0)
+                return WEFT_EPEER;
+            *err = got < 0 ? errno : EFAULT;
+            return *err == ESRCH ? WEFT_EPEER : WEFT_ETRANSPORT;
+        }
+        d += got;
+        addr += (uint64_t)got;
+        len -= (size_t)got;
+    }
+    /* What was read is the peer's data only if it had not handed its
+     * buffer back by the end of the read (as cma_read). */
+    return atomic_load(w->peer_aborted) != 0 ? WEFT_EPEER : 0;
+}
+
 /* Hands what landed in the ring to the posted receives, in order. Returns
  * 1 if the ring moved, or a negative code. */
 static int rx_pump(shm_wire *w)

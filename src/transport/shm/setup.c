@@ -736,4 +736,6 @@ const weft__tp_ops weft__shm_ops = {
     .box_get = weft__shm_box_get,
     .box_done = weft__shm_box_done,
     .box_watch = weft__shm_box_watch,
+    .can_read = weft__shm_can_read,
+    .peer_read = weft__shm_peer_read,
 };

@@ -353,6 +353,9 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms);
 void weft__shm_wake(weft__tp *t);
 int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x);
 int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x);
+int weft__shm_can_read(weft__tp *t, int peer);
+int weft__shm_peer_read(weft__tp *t, int peer, void *dst, uint64_t addr,
+                        size_t len, int *err);
 
 /* Rank r's area of the box segment. */
 static inline shm_box_area *shm_box_area_of(const shm_tp *tp, int r)

@@ -1,0 +1,550 @@
+/*
+ * The all_reduce by one-copy reads (WEFT_PULL_ALL_REDUCE_BYTES, from 4 MiB
+ * by default where the host has 2 cores per rank): where every rank is on
+ * one host and can read the others' memory, each rank reads its share of
+ * every input from its peers and reduces it, then reads the other shares
+ * from their owners, on WEFT_PULL_THREADS threads. As a user sees it:
+ * the same results as any other path, in every dtype and op, in place and
+ * not, around the sizes where its parts split; the same bits on every
+ * rank, those of a left-to-right sum over the ranks; calls that differ are
+ * WEFT_EMISMATCH; a peer that dies is WEFT_EPEER on the others, promptly;
+ * weft_abort ends it; posted calls on one buffer run in order; its threads
+ * start with its first call (that is how this test knows the path ran) and
+ * are gone after weft_finalize; where a rank's memory cannot be read, no
+ * rank takes this path and results are still right.
+ *
+ * The thresholds are lowered here (the 2-core CI machine has one core
+ * per rank, where the path is off unless asked for).
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <linux/capability.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "weft.h"
+
+#define TIMEOUT_MS 30000
+#define PROMPT_MS 10000
+#define THREADS 3
+/* The path from 4 KiB per rank, so small counts take it too. */
+#define PULL_FROM "4096"
+
+struct pull_shm {
+    int rc[MP_MAX_RANKS];
+    char msg[MP_MAX_RANKS][256];
+    int threads_added[MP_MAX_RANKS];
+    int threads_left[MP_MAX_RANKS];
+    uint64_t digest[MP_MAX_RANKS];
+};
+
+static struct pull_shm *shm(void)
+{
+    return mp_shm();
+}
+
+static void run_job_env(int nranks, mp_rank_fn fn, void *arg,
+                        const char *threads, const char *what)
+{
+    struct mp_opts o = {.nranks = nranks, .timeout_ms = TIMEOUT_MS};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_SHM", "1", 1);
+    setenv("WEFT_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
+    setenv("WEFT_PULL_THREADS", threads, 1);
+    /* No reducer thread on the frames' path either: threads_rank counts
+     * threads. */
+    setenv("WEFT_REDUCE_THREAD", "0", 1);
+    cr_assert_eq(mp_run(&o, fn, arg, &res), 0);
+    unsetenv("WEFT_PULL_ALL_REDUCE_BYTES");
+    unsetenv("WEFT_PULL_THREADS");
+    unsetenv("WEFT_REDUCE_THREAD");
+    cr_assert(mp_all_passed(&res), "%s: %s", what,
+              mp_describe(&res, buf, sizeof buf));
+}
+
+static void run_job(int nranks, mp_rank_fn fn, void *arg, const char *what)
+{
+    run_job_env(nranks, fn, arg, "3", what);
+}
+
+/* This process's threads. */
+static int threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+
+    if (d == NULL)
+        return -1;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* ---- results ---- */
+
+static const weft_dtype dtypes[] = {WEFT_INT8,    WEFT_UINT8,   WEFT_INT32,
+                                    WEFT_UINT32,  WEFT_INT64,   WEFT_UINT64,
+                                    WEFT_FLOAT32, WEFT_FLOAT64, WEFT_BFLOAT16};
+static const weft_redop ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
+
+/* Rank r's element i: small integers, so that every dtype holds every
+ * result exactly (products of at most 4 ranks' 1..3). */
+static double elem(int r, size_t i)
+{
+    return (double)(1 + (r + (int)(i % 7)) % 3);
+}
+
+static double expect(weft_redop op, int n, size_t i)
+{
+    double v = elem(0, i);
+
+    for (int r = 1; r < n; r++) {
+        double e = elem(r, i);
+        v = op == WEFT_SUM    ? v + e
+            : op == WEFT_PROD ? v * e
+            : op == WEFT_MIN  ? (e < v ? e : v)
+                              : (e > v ? e : v);
+    }
+    return v;
+}
+
+static int one_call(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
+                    int inplace, int rank, int nranks)
+{
+    const size_t es = weft_dtype_size(dt), bytes = n * es;
+    char *send = mp_alloc(bytes);
+    char *recv = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
+    char *want = mp_alloc(bytes);
+    char *out = recv + MP_CANARY_BYTES;
+    char what[128];
+    int rc, fail;
+
+    memset(recv, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
+    for (size_t i = 0; i < n; i++) {
+        mp_put_value(dt, inplace ? out : send, i, elem(rank, i));
+        mp_put_value(dt, want, i, expect(op, nranks, i));
+    }
+    snprintf(what, sizeof what, "all_reduce(%s, %s, count=%zu%s)",
+             mp_op_name(op), mp_dtype_name(dt), n, inplace ? ", in place" : "");
+    rc = weft_all_reduce(c, inplace ? out : send, out, n, dt, op);
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, what, rc);
+    else
+        fail = mp_check_elems(what, "recvbuf", dt, out, want, n) ||
+               mp_check_canary(what, "recvbuf", out, bytes) ||
+               mp_check_canary(what, "the bytes before recvbuf", recv, 0);
+    free(send);
+    free(recv);
+    free(want);
+    return fail;
+}
+
+/* Every dtype and op, in place and not, at the threshold (shares of a few
+ * hundred bytes) and at counts whose shares span several parts of both
+ * phases, none a multiple of the ranks. */
+static int results_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c;
+    int fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
+        const size_t es = weft_dtype_size(dtypes[d]);
+        const size_t counts[] = {4096 / es, 4096 / es + 1, (3 << 20) / es + 7};
+
+        for (size_t o = 0; o < sizeof ops / sizeof ops[0] && !fail; o++)
+            for (size_t k = 0; k < sizeof counts / sizeof counts[0] && !fail;
+                 k++)
+                fail = one_call(c, dtypes[d], ops[o], counts[k],
+                                (int)((k + o) & 1), rank, nranks);
+    }
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(pull, results_in_every_dtype_and_op, .timeout = 300)
+{
+    for (int n = 2; n <= 4; n++)
+        run_job(n, results_rank, NULL, "pull results");
+}
+
+/* Float32 inputs that no order of addition sums alike: every rank must
+ * end with the bits of ((x0 + x1) + x2) + ... in rank order. */
+static int bits_rank(int rank, int nranks, void *arg)
+{
+    const size_t n = (5 << 20) / sizeof(float) + 3;
+    float *v = mp_alloc(n * sizeof *v);
+    float *want = mp_alloc(n * sizeof *want);
+    weft_comm *c;
+    int rc, fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t i = 0; i < n; i++) {
+        for (int r = 0; r < nranks; r++) {
+            uint64_t h = mp_hash64((uint64_t)r << 40 ^ i);
+            float x = (float)((double)(h >> 11) / (double)(1ull << 53) *
+                              (h & 1 ? 1e4 : 1e-3));
+            if (r == rank)
+                v[i] = x;
+            want[i] = r == 0 ? x : want[i] + x;
+        }
+    }
+    rc = weft_all_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM);
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "all_reduce", rc);
+    else {
+        size_t at = mp_first_diff(v, want, n, sizeof *v);
+        if (at < n) {
+            mp_log("element %zu is %.9g where rank order gives %.9g", at,
+                   (double)v[at], (double)want[at]);
+            fail = 1;
+        }
+        shm()->digest[rank] = mp_fnv1a(v, n * sizeof *v);
+    }
+    free(v);
+    free(want);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(pull, every_rank_ends_with_the_same_bits, .timeout = 120)
+{
+    run_job(3, bits_rank, NULL, "same bits");
+    for (int r = 1; r < 3; r++)
+        cr_assert_eq(shm()->digest[r], shm()->digest[0],
+                     "rank %d's result differs from rank 0's", r);
+}
+
+/* ---- its threads ---- */
+
+/* The threads a large all_reduce adds (its pool: THREADS - 1 helpers),
+ * and those left after weft_finalize; then a second communicator in the
+ * same process does it again. */
+static int threads_rank(int rank, int nranks, void *arg)
+{
+    const int refused = *(const int *)arg;
+    const size_t n = (1 << 20) + 5;
+    float *v = mp_alloc(n * sizeof *v);
+    int before, after_small, fail = 0;
+
+    if (refused) {
+        struct __user_cap_header_struct h = {.version =
+                                                 _LINUX_CAPABILITY_VERSION_3};
+        struct __user_cap_data_struct d[2];
+
+        /* Not dumpable, without CAP_SYS_PTRACE: no peer can read this
+         * rank (test_shm's one_copy_refused_goes_through_the_ring). */
+        if (rank == 0 && (syscall(SYS_capget, &h, d) != 0 ||
+                          (d[CAP_TO_INDEX(CAP_SYS_PTRACE)].effective &=
+                           ~CAP_TO_MASK(CAP_SYS_PTRACE),
+                           d[CAP_TO_INDEX(CAP_SYS_PTRACE)].permitted &=
+                           ~CAP_TO_MASK(CAP_SYS_PTRACE),
+                           syscall(SYS_capset, &h, d) != 0) ||
+                          prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)) {
+            mp_log("cannot drop CAP_SYS_PTRACE");
+            return 1;
+        }
+    }
+    before = threads_now();
+    for (int round = 0; round < 2 && !fail; round++) {
+        weft_comm *c;
+        float small[2] = {1, 2};
+        int rc;
+
+        if (mp_init(&c, rank, nranks) != WEFT_OK)
+            return 1;
+        if ((rc = weft_all_reduce(c, small, small, 2, WEFT_FLOAT32,
+                                  WEFT_SUM)) != WEFT_OK)
+            return mp_report_rc(c, "small all_reduce", rc);
+        after_small = threads_now();
+        for (size_t i = 0; i < n; i++)
+            v[i] = (float)(rank + (int)(i % 1000));
+        if ((rc = weft_all_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM)) !=
+            WEFT_OK)
+            return mp_report_rc(c, "all_reduce", rc);
+        for (size_t i = 0; i < n; i++)
+            if (v[i] !=
+                (float)(nranks * (nranks - 1) / 2 + nranks * (int)(i % 1000))) {
+                mp_log("element %zu is %g", i, (double)v[i]);
+                fail = 1;
+                break;
+            }
+        shm()->threads_added[rank] = threads_now() - after_small;
+        if (weft_finalize(c) != WEFT_OK)
+            fail = 1;
+        shm()->threads_left[rank] = threads_now() - before;
+        if (shm()->threads_added[rank] != (refused ? 0 : THREADS - 1) ||
+            shm()->threads_left[rank] != 0) {
+            mp_log("round %d: the large all_reduce added %d threads (%d "
+                   "expected), %d more than before weft_init after "
+                   "weft_finalize",
+                   round, shm()->threads_added[rank], refused ? 0 : THREADS - 1,
+                   shm()->threads_left[rank]);
+            fail = 1;
+        }
+    }
+    free(v);
+    return fail;
+}
+
+Test(pull, its_threads_start_with_it_and_leave_at_finalize, .timeout = 120)
+{
+    static const int readable = 0;
+
+    run_job(2, threads_rank, (void *)&readable, "threads, 2 ranks");
+    run_job(3, threads_rank, (void *)&readable, "threads, 3 ranks");
+}
+
+Test(pull, where_a_rank_cannot_be_read_no_rank_takes_it, .timeout = 120)
+{
+    static const int refused = 1;
+
+    run_job(3, threads_rank, (void *)&refused, "rank 0 unreadable");
+}
+
+Test(pull, results_on_the_callers_thread_alone, .timeout = 300)
+{
+    /* WEFT_PULL_THREADS=1: no helper, every part on the caller's thread. */
+    run_job_env(3, results_rank, NULL, "1", "pull results, 1 thread");
+}
+
+/* ---- calls that differ ---- */
+
+enum { MIS_COUNT, MIS_OP, MIS_BELOW };
+
+/* Rank 0's call differs from the others': one element more, another op,
+ * or a count below the threshold (the others' above it). No rank may
+ * return WEFT_OK; one that sees the difference says WEFT_EMISMATCH and
+ * what differed, and a peer that it left before they met may see it gone
+ * (WEFT_EPEER), as on every path where headers travel in frames. */
+static int mismatch_rank(int rank, int nranks, void *arg)
+{
+    const int kind = *(const int *)arg;
+    size_t n = (1 << 18) + 1;
+    weft_redop op = WEFT_SUM;
+    float *v;
+    weft_comm *c;
+    int rc;
+
+    if (rank == 0) {
+        if (kind == MIS_COUNT)
+            n++;
+        else if (kind == MIS_OP)
+            op = WEFT_MAX;
+        else
+            n = 100;
+    }
+    v = mp_alloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    rc = weft_all_reduce(c, v, v, n, WEFT_FLOAT32, op);
+    shm()->rc[rank] = rc;
+    snprintf(shm()->msg[rank], sizeof shm()->msg[rank], "%s",
+             rc == WEFT_OK ? "" : weft_last_error(c));
+    free(v);
+    return weft_finalize(c) != WEFT_OK;
+}
+
+Test(pull, calls_that_differ_are_emismatch, .timeout = 120)
+{
+    static const int kinds[] = {MIS_COUNT, MIS_OP, MIS_BELOW};
+
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        int saw = 0;
+
+        run_job(3, mismatch_rank, (void *)&kinds[i], "mismatch");
+        for (int r = 0; r < 3; r++) {
+            const int rc = shm()->rc[r];
+
+            cr_assert(rc == WEFT_EMISMATCH || rc == WEFT_EPEER,
+                      "case %d: rank %d returned %s (%s)", kinds[i], r,
+                      weft_err_name(rc), shm()->msg[r]);
+            if (rc == WEFT_EMISMATCH) {
+                cr_assert(strstr(shm()->msg[r], "called") != NULL,
+                          "case %d: rank %d's message does not say what "
+                          "differed: %s",
+                          kinds[i], r, shm()->msg[r]);
+                saw++;
+            }
+        }
+        cr_assert(saw > 0, "case %d: no rank saw WEFT_EMISMATCH", kinds[i]);
+    }
+}
+
+/* ---- a peer that dies, weft_abort ---- */
+
+struct killer {
+    weft_comm *c;
+    int ms;
+    int abort; /* weft_abort, else SIGKILL this process */
+};
+
+static void *act_later(void *arg)
+{
+    const struct killer *k = arg;
+
+    mp_sleep_ms(k->ms);
+    if (k->abort)
+        weft_abort(k->c);
+    else
+        kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+#define LOOP_COUNT ((2 << 20) + 1)
+
+/* Every rank runs all_reduces of 8 MiB in a loop, each result checked;
+ * 400 ms in, the last rank is killed (or rank 0 aborts its communicator):
+ * every other rank's call fails, with WEFT_EPEER (a dead peer) or
+ * WEFT_EABORTED (the aborted rank), within PROMPT_MS, and no call before
+ * returned wrong data. */
+static int gone_rank(int rank, int nranks, void *arg)
+{
+    const int abort = *(const int *)arg;
+    const int actor = abort ? 0 : nranks - 1;
+    float *v = mp_alloc(LOOP_COUNT * sizeof *v);
+    struct killer k;
+    pthread_t th;
+    weft_comm *c;
+    double t0 = 0;
+    int rc = WEFT_OK, fail = 0, it;
+
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    k = (struct killer){c, 400, abort};
+    if (rank == actor && pthread_create(&th, NULL, act_later, &k) != 0)
+        return 1;
+    for (it = 0; it < 100000 && rc == WEFT_OK && !fail; it++) {
+        for (size_t i = 0; i < LOOP_COUNT; i += 4099)
+            v[i] = (float)(rank + it);
+        v[LOOP_COUNT - 1] = (float)(rank + it);
+        t0 = mp_now_ms();
+        rc = weft_all_reduce(c, v, v, LOOP_COUNT, WEFT_FLOAT32, WEFT_SUM);
+        for (size_t i = 0; rc == WEFT_OK && i < LOOP_COUNT; i += 4099)
+            if (v[i] != (float)(nranks * (nranks - 1) / 2 + nranks * it)) {
+                mp_log("call %d: element %zu is %g", it, i, (double)v[i]);
+                fail = 1;
+                break;
+            }
+    }
+    if (rank == actor && abort)
+        pthread_join(th, NULL);
+    if (!fail) {
+        const int want = rank == actor ? WEFT_EABORTED : WEFT_EPEER;
+        const double dt = mp_now_ms() - t0;
+
+        if (rc != want || dt > PROMPT_MS) {
+            mp_log("call %d: %s after %.0f ms (%s), expected %s", it,
+                   weft_err_name(rc), dt, weft_last_error(c),
+                   weft_err_name(want));
+            fail = 1;
+        }
+    }
+    free(v);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+static void run_gone(int abort, int nranks)
+{
+    struct mp_opts o = {.nranks = nranks, .timeout_ms = TIMEOUT_MS};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_SHM", "1", 1);
+    setenv("WEFT_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
+    setenv("WEFT_PULL_THREADS", "3", 1);
+    cr_assert_eq(mp_run(&o, gone_rank, &abort, &res), 0);
+    unsetenv("WEFT_PULL_ALL_REDUCE_BYTES");
+    unsetenv("WEFT_PULL_THREADS");
+    for (int r = 0; r < nranks; r++) {
+        const struct mp_rank_result *rr = &res.rank[r];
+        const int killed = !abort && r == nranks - 1;
+
+        cr_assert(killed ? rr->signaled && rr->signo == SIGKILL
+                         : rr->exited && rr->exit_code == 0,
+                  "%s: %s", abort ? "abort" : "a peer killed",
+                  mp_describe(&res, buf, sizeof buf));
+    }
+}
+
+Test(pull, a_peer_killed_mid_loop_is_epeer, .timeout = 120)
+{
+    run_gone(0, 3);
+}
+
+Test(pull, weft_abort_ends_it_and_the_peers_see_it, .timeout = 120)
+{
+    run_gone(1, 3);
+}
+
+/* ---- posted calls ---- */
+
+/* Three all_reduces of one buffer posted at once (with a small one in
+ * between), run by the progress thread: each sees the one before. */
+static int posted_rank(int rank, int nranks, void *arg)
+{
+    const size_t n = (1 << 20) + 9;
+    float *v = mp_alloc(n * sizeof *v);
+    int32_t s[2] = {rank, 1};
+    weft_request *req[4];
+    weft_comm *c;
+    int rc, fail = 0;
+    float want;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+    if ((rc = weft_iall_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM, &req[0])) !=
+            WEFT_OK ||
+        (rc = weft_iall_reduce(c, s, s, 2, WEFT_INT32, WEFT_SUM, &req[1])) !=
+            WEFT_OK ||
+        (rc = weft_iall_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM, &req[2])) !=
+            WEFT_OK ||
+        (rc = weft_iall_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_MAX, &req[3])) !=
+            WEFT_OK)
+        return mp_report_rc(c, "iall_reduce", rc);
+    if ((rc = weft_wait_all(req, 4)) != WEFT_OK)
+        return mp_report_rc(c, "wait_all", rc);
+    for (int i = 0; i < 4; i++)
+        weft_request_free(req[i]);
+    want = (float)(nranks * nranks);
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != want) {
+            mp_log("element %zu is %g, expected %g", i, (double)v[i],
+                   (double)want);
+            fail = 1;
+            break;
+        }
+    if (s[0] != nranks * (nranks - 1) / 2 || s[1] != nranks) {
+        mp_log("the small all_reduce gave %d %d", (int)s[0], (int)s[1]);
+        fail = 1;
+    }
+    free(v);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(pull, posted_calls_on_one_buffer_run_in_order, .timeout = 120)
+{
+    run_job(3, posted_rank, NULL, "posted");
+}
