@@ -53,11 +53,17 @@ int weft__box_all_gather(weft__task *t);
 int weft__box_barrier(weft__task *t);
 
 /* Through one-copy reads of the peers' memory (engine.h: c->pull, every
- * rank on this host), the whole job: each rank reads its share of every
- * input and reduces them in rank order, then reads every other share from
- * the rank that reduced it, on the pool's threads; its three exchanges of
- * headers are the mesh's all-gather, so every pair must be wired. */
+ * rank on this host), the whole job, on the pool's threads (coll/pull.c
+ * says how): the all_reduce (each rank reads its share of every input and
+ * reduces them in rank order, then reads every other share from the rank
+ * that reduced it), the reduce_scatter (its block of every input), the
+ * all_gather (every peer's block) and the broadcast (the root's buffer).
+ * Their exchanges of headers are the mesh's all-gather, so every pair
+ * must be wired. */
 int weft__pull_all_reduce(weft__task *t);
+int weft__pull_reduce_scatter(weft__task *t);
+int weft__pull_all_gather(weft__task *t);
+int weft__pull_broadcast(weft__task *t);
 
 /* A barrier: an all_gather (with `gather`) of one byte per rank, so no
  * rank leaves before it has heard from every other. */

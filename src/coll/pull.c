@@ -1,8 +1,9 @@
 /*
- * The all_reduce by one-copy reads; see coll.h.
+ * Collectives by one-copy reads of the peers' memory; see coll.h.
  *
- * Three exchanges of headers (frames, so calls that differ fail as on any
- * other path) around two phases that move the data without frames:
+ * Exchanges of headers (frames: the mesh's all-gather, so calls that
+ * differ fail as on any other path) around phases that move the data
+ * without frames. The all_reduce:
  *
  *   1. every rank gathers every rank's buffer addresses;
  *   2. each rank reads its share of every peer's input (process_vm_readv,
@@ -14,12 +15,20 @@
  *   5. a barrier: no rank leaves, handing its buffers back, while a peer
  *      still reads them.
  *
+ * The reduce_scatter is 1, 2 (the share is this rank's block of every
+ * input) and 5; the all_gather and the broadcast are 1, 4 (every peer's
+ * block, or the root's buffer) and 5. Where a rank writes memory that its
+ * peers read meanwhile (a reduce_scatter whose recvbuf overlaps sendbuf
+ * elsewhere than its own block), it writes a copy of its own and moves it
+ * into place after the barrier; an all_gather publishes its own block of
+ * recvbuf (its input copied there first), which no rank writes.
+ *
  * Phases 2 and 4 run on the pool's threads, parts of up to a few hundred
  * KiB each. A read that fails, or finds its peer gone (the transport
  * says so where the peer left before the read ended, so a buffer handed
  * back is never used), fails the call; so do the deadline and weft_abort,
- * looked at before each part. Each share is reduced on one rank and
- * copied to the others: every rank ends with the same bits.
+ * looked at before each part. Each share of an all_reduce is reduced on
+ * one rank and copied to the others: every rank ends with the same bits.
  */
 #include "coll/coll.h"
 
@@ -28,6 +37,7 @@
 #include "mesh/mesh.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The parts: about PULL_PARTS per thread, so that threads that start
@@ -46,14 +56,30 @@
 #define PULL_COPY_MIN (256 * 1024)
 #define PULL_COPY_MAX (1024 * 1024)
 
+/* A rank's buffers in c->pull_addr: [2 * rank + SRC], [2 * rank + DST]. */
+enum { SRC = 0, DST = 1 };
+
+/* What phase 4 reads from one peer: bytes at its address src into dst. */
+typedef struct pull_seg {
+    int peer;
+    uint64_t src;
+    char *dst;
+    size_t bytes;
+} pull_seg;
+
 typedef struct pull_job {
     weft__task *t;
     int n, me;
     size_t esize;
-    size_t chunk;  /* phase 2: elements per input per part */
-    size_t lo, hi; /* this rank's share, in elements */
-    /* phase 4: bytes per part; the parts of peer p are first[p] ..
-     * first[p + 1] - 1 */
+    /* Phase 2: elements [lo, hi) of the result, from elements src_at +
+     * lo .. of every input, into out (elements lo ..); chunk elements per
+     * input per part. */
+    size_t lo, hi, src_at, chunk;
+    char *out;
+    /* Phase 4: nsegs segments in parts of copy bytes; the parts of
+     * segment s are first[s] .. first[s + 1] - 1. */
+    pull_seg segs[WEFT__MESH_MAX_RANKS];
+    int nsegs;
     size_t copy;
     int first[WEFT__MESH_MAX_RANKS + 1];
     /* The first failure of a part (the others stop at their next part). */
@@ -62,15 +88,15 @@ typedef struct pull_job {
     const char *err_what;
 } pull_job;
 
-/* The first element of rank p's share. */
+/* The first element of rank p's share of count elements. */
 static size_t share_at(size_t count, int n, int p)
 {
     return (size_t)((unsigned __int128)count * (unsigned)p / (unsigned)n);
 }
 
-static const uint64_t *addrs(const weft__task *t)
+static uint64_t addr_of(const weft__task *t, int p, int which)
 {
-    return t->c->pull_addr;
+    return t->c->pull_addr[2 * (size_t)p + (size_t)which];
 }
 
 static void part_fail(pull_job *j, int err, int peer, int e, const char *what)
@@ -114,14 +140,14 @@ static void read_part(pull_job *j, int p, void *dst, uint64_t addr, size_t len,
 }
 
 /* Phase 2, part i: elements [lo + i * chunk, ...) of every rank's input,
- * reduced in rank order into recvbuf. */
+ * reduced in rank order into out. */
 static void reduce_part(void *arg, int i, void *scratch)
 {
     pull_job *j = arg;
     const weft__args *a = &j->t->a;
     const size_t off = j->lo + (size_t)i * j->chunk;
     const size_t m = j->hi - off < j->chunk ? j->hi - off : j->chunk;
-    const size_t bytes = m * j->esize;
+    const size_t bytes = m * j->esize, src = (j->src_at + off) * j->esize;
     char *tmp = scratch;
 
     if (!part_go(j))
@@ -130,34 +156,32 @@ static void reduce_part(void *arg, int i, void *scratch)
         char *in = tmp + (size_t)p * bytes;
 
         if (p == j->me)
-            memcpy(in, (const char *)a->sendbuf + off * j->esize, bytes);
+            memcpy(in, (const char *)a->sendbuf + src, bytes);
         else
-            read_part(j, p, in, addrs(j->t)[2 * p] + off * j->esize, bytes,
-                      "input");
+            read_part(j, p, in, addr_of(j->t, p, SRC) + src, bytes, "input");
     }
     if (atomic_load_explicit(&j->err, memory_order_relaxed) == 0)
-        weft__reduce_ranks((char *)a->recvbuf + off * j->esize, tmp, j->n, m,
-                           a->dtype, a->op);
+        weft__reduce_ranks(j->out + off * j->esize, tmp, j->n, m, a->dtype,
+                           a->op);
 }
 
-/* Phase 4, part i: a piece of one peer's share, from its recvbuf. */
+/* Phase 4, part i: a piece of one segment. */
 static void copy_part(void *arg, int i, void *scratch)
 {
     pull_job *j = arg;
-    const weft__args *a = &j->t->a;
-    size_t lo, hi, at;
-    int p = 0;
+    const pull_seg *sg;
+    size_t at;
+    int s = 0;
 
     (void)scratch;
     if (!part_go(j))
         return;
-    while (i >= j->first[p + 1])
-        p++;
-    lo = share_at(a->count, j->n, p) * j->esize;
-    hi = share_at(a->count, j->n, p + 1) * j->esize;
-    at = lo + (size_t)(i - j->first[p]) * j->copy;
-    read_part(j, p, (char *)a->recvbuf + at, addrs(j->t)[2 * p + 1] + at,
-              hi - at < j->copy ? hi - at : j->copy, "result");
+    while (i >= j->first[s + 1])
+        s++;
+    sg = &j->segs[s];
+    at = (size_t)(i - j->first[s]) * j->copy;
+    read_part(j, sg->peer, sg->dst + at, sg->src + at,
+              sg->bytes - at < j->copy ? sg->bytes - at : j->copy, "result");
 }
 
 /* Bytes per part for a phase that moves total bytes: PULL_PARTS parts
@@ -177,9 +201,14 @@ static void job_init(pull_job *j, weft__task *t)
     j->n = t->g.n;
     j->me = t->g.me;
     j->esize = weft_dtype_size(t->a.dtype);
-    j->lo = share_at(t->a.count, j->n, j->me);
-    j->hi = share_at(t->a.count, j->n, j->me + 1);
     atomic_init(&j->err, 0);
+}
+
+static void job_seg(pull_job *j, int peer, uint64_t src, char *dst,
+                    size_t bytes)
+{
+    if (bytes > 0)
+        j->segs[j->nsegs++] = (pull_seg){peer, src, dst, bytes};
 }
 
 /* The call fails with a part's failure (the transport is shut down, so
@@ -194,8 +223,8 @@ static int job_fail(pull_job *j)
     case WEFT_ETIMEDOUT:
         return weft__call_fail(c, err,
                                "rank %d: %s: its deadline (%d ms) passed "
-                               "while it read and reduced its peers' data "
-                               "(one-copy reads, shared memory)",
+                               "while it read its peers' data (one-copy "
+                               "reads, shared memory)",
                                c->rank, name, j->t->k->timeout_ms);
     case WEFT_EABORTED:
         return weft__call_fail(c, err, "rank %d: %s: communicator aborted",
@@ -215,67 +244,69 @@ static int job_fail(pull_job *j)
     }
 }
 
+/* Runs phase 2 (elements [lo, hi) of the result into out, from src_at on
+ * in the inputs). */
+static int run_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
+                      char *out)
+{
+    pull_job j;
+    size_t cap, parts;
+
+    job_init(&j, t);
+    j.lo = lo;
+    j.hi = hi;
+    j.src_at = src_at;
+    j.out = out;
+    cap = PULL_TMP_BYTES / (size_t)j.n;
+    j.chunk = part_size((hi - lo) * j.esize, t->c, PULL_CHUNK_MIN,
+                        cap < PULL_CHUNK_MAX ? cap : PULL_CHUNK_MAX) /
+              j.esize;
+    if (j.chunk == 0)
+        j.chunk = 1;
+    parts = (hi - lo + j.chunk - 1) / j.chunk;
+    weft__pool_run(t->c->pool, (int)parts, reduce_part, &j);
+    return atomic_load(&j.err) != 0 ? job_fail(&j) : WEFT_OK;
+}
+
+/* Runs phase 4 over j's segments. */
+static int run_copy(pull_job *j)
+{
+    weft__task *t = j->t;
+    size_t total = 0;
+    int parts = 0;
+
+    for (int s = 0; s < j->nsegs; s++)
+        total += j->segs[s].bytes;
+    j->copy = part_size(total, t->c, PULL_COPY_MIN, PULL_COPY_MAX);
+    for (int s = 0; s < j->nsegs; s++) {
+        j->first[s] = parts;
+        parts += (int)((j->segs[s].bytes + j->copy - 1) / j->copy);
+    }
+    j->first[j->nsegs] = parts;
+    weft__pool_run(t->c->pool, parts, copy_part, j);
+    return atomic_load(&j->err) != 0 ? job_fail(j) : WEFT_OK;
+}
+
 static int pull_barrier(weft__task *s)
 {
     return weft__barrier(s, weft__mesh_all_gather);
 }
 
-/* Phase 4, then the last barrier. */
-static int copy_shares(weft__task *t)
+/* The last barrier: no rank hands its buffers back while a peer still
+ * reads them. */
+static int last_barrier(weft__task *t)
 {
     weft__args none = {0};
-    pull_job j;
-    int parts = 0;
 
-    job_init(&j, t);
-    j.copy = part_size((t->a.count - (j.hi - j.lo)) * j.esize, t->c,
-                       PULL_COPY_MIN, PULL_COPY_MAX);
-    for (int p = 0; p < j.n; p++) {
-        size_t bytes =
-            (share_at(t->a.count, j.n, p + 1) - share_at(t->a.count, j.n, p)) *
-            j.esize;
-
-        j.first[p] = parts;
-        if (p != j.me)
-            parts += (int)((bytes + j.copy - 1) / j.copy);
-    }
-    j.first[j.n] = parts;
-    weft__pool_run(t->c->pool, parts, copy_part, &j);
-    if (atomic_load(&j.err) != 0)
-        return job_fail(&j);
     return weft__task_sub(t, &none, pull_barrier);
 }
 
-/* Phase 2, then the first barrier. */
-static int reduce_share(weft__task *t)
-{
-    weft__args none = {0};
-    pull_job j;
-    size_t parts;
-    int rc;
-
-    job_init(&j, t);
-    j.chunk = part_size((j.hi - j.lo) * j.esize, t->c, PULL_CHUNK_MIN,
-                        PULL_TMP_BYTES / (size_t)j.n < PULL_CHUNK_MAX
-                            ? PULL_TMP_BYTES / (size_t)j.n
-                            : PULL_CHUNK_MAX) /
-              j.esize;
-    if (j.chunk == 0)
-        j.chunk = 1;
-    parts = (j.hi - j.lo + j.chunk - 1) / j.chunk;
-    weft__pool_run(t->c->pool, (int)parts, reduce_part, &j);
-    if (atomic_load(&j.err) != 0)
-        return job_fail(&j);
-    if ((rc = weft__task_sub(t, &none, pull_barrier)) != 0)
-        return rc;
-    t->next = copy_shares;
-    return WEFT_OK;
-}
-
-int weft__pull_all_reduce(weft__task *t)
+/* Phase 1: publishes src and dst (this rank's buffers that peers read)
+ * and starts the gathering of every rank's; then runs next. */
+static int publish(weft__task *t, const void *src, const void *dst,
+                   weft__task_fn next)
 {
     weft__ctx *c = t->c;
-    const weft__args *a = &t->a;
     uint64_t *ad = c->pull_addr + 2 * (size_t)t->g.me;
     weft__args g = {0};
     int rc;
@@ -286,14 +317,165 @@ int weft__pull_all_reduce(weft__task *t)
         return weft__note(c, WEFT_ENOMEM,
                           "rank %d: %s: out of memory for its threads", c->rank,
                           t->k->name);
-    ad[0] = (uint64_t)(uintptr_t)a->sendbuf;
-    ad[1] = (uint64_t)(uintptr_t)a->recvbuf;
+    ad[SRC] = (uint64_t)(uintptr_t)src;
+    ad[DST] = (uint64_t)(uintptr_t)dst;
     g.sendbuf = ad;
     g.recvbuf = c->pull_addr;
     g.count = 2 * sizeof(uint64_t);
     g.dtype = WEFT_UINT8;
     if ((rc = weft__task_sub(t, &g, weft__mesh_all_gather)) != 0)
         return rc;
-    t->next = reduce_share;
+    t->next = next;
     return WEFT_OK;
+}
+
+/* ---- all_reduce ---- */
+
+/* Phase 4, then the last barrier. */
+static int ar_copy(weft__task *t)
+{
+    const size_t count = t->a.count;
+    pull_job j;
+    int rc;
+
+    job_init(&j, t);
+    for (int p = 0; p < j.n; p++) {
+        const size_t at = share_at(count, j.n, p) * j.esize;
+
+        if (p != j.me)
+            job_seg(&j, p, addr_of(t, p, DST) + at, (char *)t->a.recvbuf + at,
+                    share_at(count, j.n, p + 1) * j.esize - at);
+    }
+    if ((rc = run_copy(&j)) != WEFT_OK)
+        return rc;
+    return last_barrier(t);
+}
+
+/* Phase 2, then the barrier before phase 4. */
+static int ar_reduce(weft__task *t)
+{
+    weft__args none = {0};
+    const int n = t->g.n, me = t->g.me;
+    int rc;
+
+    if ((rc = run_reduce(t, share_at(t->a.count, n, me),
+                         share_at(t->a.count, n, me + 1), 0, t->a.recvbuf)) !=
+        WEFT_OK)
+        return rc;
+    if ((rc = weft__task_sub(t, &none, pull_barrier)) != 0)
+        return rc;
+    t->next = ar_copy;
+    return WEFT_OK;
+}
+
+int weft__pull_all_reduce(weft__task *t)
+{
+    return publish(t, t->a.sendbuf, t->a.recvbuf, ar_reduce);
+}
+
+/* ---- reduce_scatter ---- */
+
+/* Whether this rank's result may go straight to recvbuf: it overlaps no
+ * block of sendbuf but this rank's own (which no peer reads). */
+static int rs_direct(const weft__task *t)
+{
+    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
+    const char *s = t->a.sendbuf, *r = t->a.recvbuf;
+    const char *own = s + (size_t)t->g.me * block;
+
+    return r + block <= s || r >= s + block * (size_t)t->g.n ||
+           (r >= own && r + block <= own + block);
+}
+
+/* After the last barrier: the result into recvbuf, where it went to c's
+ * copy. */
+static int rs_place(weft__task *t)
+{
+    memcpy(t->a.recvbuf, t->c->pull_tmp,
+           t->a.count * weft_dtype_size(t->a.dtype));
+    return WEFT_OK;
+}
+
+/* Phase 2 over this rank's block, then the last barrier. */
+static int rs_reduce(weft__task *t)
+{
+    const int direct = rs_direct(t);
+    int rc;
+
+    if ((rc = run_reduce(t, 0, t->a.count, t->a.count * (size_t)t->g.me,
+                         direct ? t->a.recvbuf : t->c->pull_tmp)) != WEFT_OK)
+        return rc;
+    if ((rc = last_barrier(t)) != WEFT_OK)
+        return rc;
+    t->next = direct ? NULL : rs_place;
+    return WEFT_OK;
+}
+
+int weft__pull_reduce_scatter(weft__task *t)
+{
+    weft__ctx *c = t->c;
+    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
+
+    if (!rs_direct(t) && block > c->pull_tmp_bytes) {
+        void *p = realloc(c->pull_tmp, block);
+
+        if (p == NULL)
+            return weft__note(c, WEFT_ENOMEM,
+                              "rank %d: %s: cannot allocate %zu bytes for "
+                              "its result",
+                              c->rank, t->k->name, block);
+        c->pull_tmp = p;
+        c->pull_tmp_bytes = block;
+    }
+    return publish(t, t->a.sendbuf, t->a.recvbuf, rs_reduce);
+}
+
+/* ---- all_gather ---- */
+
+static int ag_copy(weft__task *t)
+{
+    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
+    pull_job j;
+    int rc;
+
+    job_init(&j, t);
+    for (int p = 0; p < j.n; p++)
+        if (p != j.me)
+            job_seg(&j, p, addr_of(t, p, SRC),
+                    (char *)t->a.recvbuf + (size_t)p * block, block);
+    if ((rc = run_copy(&j)) != WEFT_OK)
+        return rc;
+    return last_barrier(t);
+}
+
+int weft__pull_all_gather(weft__task *t)
+{
+    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
+    char *own = (char *)t->a.recvbuf + (size_t)t->g.me * block;
+
+    /* Peers read this rank's block of recvbuf, which no rank writes. */
+    if ((const char *)t->a.sendbuf != own)
+        memmove(own, t->a.sendbuf, block);
+    return publish(t, own, t->a.recvbuf, ag_copy);
+}
+
+/* ---- broadcast ---- */
+
+static int bc_copy(weft__task *t)
+{
+    pull_job j;
+    int rc;
+
+    job_init(&j, t);
+    if (j.me != t->a.root)
+        job_seg(&j, t->a.root, addr_of(t, t->a.root, DST), t->a.recvbuf,
+                t->a.count * j.esize);
+    if ((rc = run_copy(&j)) != WEFT_OK)
+        return rc;
+    return last_barrier(t);
+}
+
+int weft__pull_broadcast(weft__task *t)
+{
+    return publish(t, t->a.recvbuf, t->a.recvbuf, bc_copy);
 }

@@ -37,6 +37,10 @@ enum {
                           (others); see size_fits */
     FROM_PULL,         /* every rank on this host and readable (c->pull),
                           count * elem (per rank) >= pull_all_reduce_bytes */
+    FROM_PULL_GATHER,  /* the same ranks, count * elem (a rank's block) >=
+                          pull_all_gather_bytes */
+    FROM_PULL_SCATTER, /* ... (a rank's block) >= pull_reduce_scatter_bytes */
+    FROM_PULL_BCAST,   /* ... (the buffer) >= pull_broadcast_bytes */
     FROM_HIER,         /* hosts with several ranks each (cfg->hier_local),
                           WEFT_HIER on, count * elem (per rank) >=
                           hier_all_reduce_bytes and count >= nranks */
@@ -104,10 +108,14 @@ static const struct algo_row {
      weft__box_all_gather},
     {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_GATHER,
      weft__hier_all_gather},
+    {WEFT__OP_ALL_GATHER, ON_DIRECT | ON_MESH, FROM_PULL_GATHER,
+     weft__pull_all_gather},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
     {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_gather},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_SCATTER,
      weft__hier_reduce_scatter},
+    {WEFT__OP_REDUCE_SCATTER, ON_DIRECT | ON_MESH, FROM_PULL_SCATTER,
+     weft__pull_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_MESH, ANY_SIZE, weft__mesh_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT, ANY_SIZE,
      weft__ring_reduce_scatter},
@@ -116,6 +124,8 @@ static const struct algo_row {
      * cable once: a host's ranks are consecutive on the ring); else the
      * mesh's scatter + all-gather, or the ring's chain. */
     {WEFT__OP_BROADCAST, ON_MESH, FROM_HIER_BCAST, weft__ring_broadcast},
+    {WEFT__OP_BROADCAST, ON_DIRECT | ON_MESH, FROM_PULL_BCAST,
+     weft__pull_broadcast},
     {WEFT__OP_BROADCAST, ON_MESH, ANY_SIZE, weft__mesh_broadcast},
     {WEFT__OP_BROADCAST, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_broadcast},
     {WEFT__OP_BARRIER, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX,
@@ -178,7 +188,17 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
                bytes <= (pow2 ? c->cfg->halving_all_reduce_bytes
                               : c->cfg->halving_fold_all_reduce_bytes);
     case FROM_PULL:
-        return c->pull && bytes >= c->cfg->pull_all_reduce_bytes;
+        return c->pull && c->cfg->pull_all_reduce_bytes != 0 &&
+               bytes >= c->cfg->pull_all_reduce_bytes;
+    case FROM_PULL_GATHER:
+        return c->pull && c->cfg->pull_all_gather_bytes != 0 &&
+               bytes >= c->cfg->pull_all_gather_bytes;
+    case FROM_PULL_SCATTER:
+        return c->pull && c->cfg->pull_reduce_scatter_bytes != 0 &&
+               bytes >= c->cfg->pull_reduce_scatter_bytes;
+    case FROM_PULL_BCAST:
+        return c->pull && c->cfg->pull_broadcast_bytes != 0 &&
+               bytes >= c->cfg->pull_broadcast_bytes;
     case FROM_HIER:
         /* An element per rank: every chunk of every phase holds one, so
          * every pass moves data and compares the ranks' calls. */

@@ -941,6 +941,9 @@ void weft__engine_free(weft__ctx *c)
 
     weft__pool_destroy(c->pool);
     c->pool = NULL;
+    free(c->pull_tmp);
+    c->pull_tmp = NULL;
+    c->pull_tmp_bytes = 0;
     if (e == NULL)
         return;
     weft__reducer_destroy(e->reducer);
@@ -1599,8 +1602,7 @@ void weft__pull_init(weft__ctx *c)
 {
     c->pull = 0;
     if (c->nranks > WEFT__MESH_MAX_RANKS || c->cfg->pull_threads < 1 ||
-        c->cfg->pull_all_reduce_bytes == 0 || c->tpo->can_read == NULL ||
-        c->tpo->peer_read == NULL)
+        c->tpo->can_read == NULL || c->tpo->peer_read == NULL)
         return;
     for (int p = 0; p < c->nranks; p++)
         if (p != c->rank && !c->tpo->can_read(c->tp, p))

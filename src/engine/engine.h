@@ -71,13 +71,17 @@ typedef struct weft__ctx {
     /* The bytes of data a box pass (below) carries per rank on c, 0 where
      * there is no box: set once the transport is up (weft__box_init). */
     size_t box;
-    /* 1 where the all_reduce by one-copy reads may run on c (every peer
+    /* 1 where the collectives by one-copy reads may run on c (every peer
      * on this host, and readable: weft__pull_init), and the threads that
      * run its parts, started by its first call (weft__ctx_pool). */
     int pull;
     struct weft__pool *pool;
-    /* Its calls' buffers, per rank: sendbuf, recvbuf. */
+    /* Its calls' buffers, per rank: what peers read, what they write to;
+     * and a result's copy where it cannot go to recvbuf at once (a
+     * reduce_scatter in place), grown on demand. */
     uint64_t pull_addr[2 * WEFT__MESH_MAX_RANKS];
+    void *pull_tmp;
+    size_t pull_tmp_bytes;
 } weft__ctx;
 
 /* Records err on c's error record (the first failure wins) and returns
@@ -244,8 +248,8 @@ void weft__box_init(weft__ctx *c);
 int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
                     char *out, weft__pass **pass);
 
-/* Sets c->pull: the job's configuration allows the one-copy all_reduce
- * (cfg->pull_threads and cfg->pull_all_reduce_bytes not 0) and this rank
+/* Sets c->pull: the job's configuration allows the one-copy collectives
+ * (cfg->pull_threads not 0) and this rank
  * can read every peer's memory and be read by it (the transport's
  * can_read; every peer on this host). */
 void weft__pull_init(weft__ctx *c);

@@ -457,6 +457,19 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__PULL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->pull_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_PULL_ALL_GATHER_BYTES", 0, 1L << 40,
+                      WEFT__PULL_ALL_GATHER_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->pull_all_gather_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_PULL_REDUCE_SCATTER_BYTES", 0, 1L << 40,
+                      WEFT__PULL_REDUCE_SCATTER_BYTES, &v, errmsg, errlen)) !=
+        0)
+        return rc;
+    cfg->pull_reduce_scatter_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_PULL_BROADCAST_BYTES", 0, 1L << 40,
+                      WEFT__PULL_BROADCAST_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->pull_broadcast_bytes = (size_t)v;
     if ((rc = env_int("WEFT_PULL_THREADS", 0, 64, -1, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->pull_threads = v >= 0 ? (int)v : auto_pull_threads(cfg);

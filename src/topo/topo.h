@@ -42,6 +42,19 @@
  * and 8 ranks of the 16-core host (at 1 MiB they are even); see
  * docs/performance.md. */
 #define WEFT__PULL_ALL_REDUCE_BYTES (4 * 1024 * 1024)
+/* The same reads for all_gather (a rank's block), reduce_scatter (a
+ * rank's block) and broadcast (the buffer): WEFT_PULL_ALL_GATHER_BYTES,
+ * WEFT_PULL_REDUCE_SCATTER_BYTES, WEFT_PULL_BROADCAST_BYTES. On the
+ * 16-core host (2, 4, 8 ranks; docs/performance.md) the all_gather led
+ * the frames from blocks of 4-8 MiB (below, frames were as fast or
+ * faster: their one-copy reads move the same bytes), the reduce_scatter
+ * from blocks of 1 MiB (its reductions gain from the threads), the
+ * broadcast at 64 MiB but not always at 16 (every rank reads the root's
+ * buffer at once; the frames' chain was faster below at 4 and 8 ranks):
+ * from 32 MiB. */
+#define WEFT__PULL_ALL_GATHER_BYTES (4 * 1024 * 1024)
+#define WEFT__PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
+#define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
@@ -209,7 +222,10 @@ typedef struct weft__config {
     size_t shm_ring_bytes; /* shm: bytes of each direction's ring */
     size_t shm_cma_bytes;  /* shm: frames this big go by one copy (0: never) */
     size_t pull_all_reduce_bytes; /* the one-copy all_reduce from (0: off) */
-    int pull_threads; /* ... its threads per rank (0: off) */
+    size_t pull_all_gather_bytes; /* ... all_gather (a rank's block) */
+    size_t pull_reduce_scatter_bytes; /* ... reduce_scatter (likewise) */
+    size_t pull_broadcast_bytes;      /* ... broadcast (the buffer) */
+    int pull_threads; /* their threads per rank (0: off) */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];

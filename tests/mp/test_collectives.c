@@ -97,6 +97,34 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
     run_job(nranks, 1, topology);
 }
 
+/* Every collective that can by one-copy reads of the peers' memory
+ * (coll/pull.c), whatever its size, on 2 threads per rank (the path is
+ * off by default where the host has one core per rank). */
+static void run_pull_job(int nranks, const char *topology)
+{
+    static const char *const vars[] = {
+        "WEFT_PULL_ALL_REDUCE_BYTES", "WEFT_PULL_ALL_GATHER_BYTES",
+        "WEFT_PULL_REDUCE_SCATTER_BYTES", "WEFT_PULL_BROADCAST_BYTES"};
+
+    setenv("WEFT_PULL_THREADS", "2", 1);
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        setenv(vars[i], "1", 1);
+    run_shm_job(nranks, topology, "8192", "1");
+    unsetenv("WEFT_PULL_THREADS");
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+}
+
+Test(collectives, shm_one_copy_reads_mesh_ranks3, .timeout = 120)
+{
+    run_pull_job(3, "mesh");
+}
+
+Test(collectives, shm_one_copy_reads_auto_ranks4, .timeout = 120)
+{
+    run_pull_job(4, "auto");
+}
+
 #define SHM_TEST(n, topo)                                                      \
     Test(collectives, shm_tiny_ring_##topo##_ranks##n, .timeout = 120)         \
     {                                                                          \

@@ -554,3 +554,125 @@ Test(pull, posted_calls_on_one_buffer_run_in_order, .timeout = 120)
 {
     run_job(3, posted_rank, NULL, "posted");
 }
+
+/* ---- reduce_scatter, all_gather, broadcast ---- */
+
+/* Ranks that differ in how they place their buffers: rank 1's
+ * reduce_scatter is in place (its result lands on block 0 of its input,
+ * which rank 0 reads meanwhile), the others' not; rank 0's all_gather
+ * input is its own block of recvbuf, the others' a buffer of their own;
+ * a broadcast from the last rank. Every result checked. */
+static int shapes_rank(int rank, int nranks, void *arg)
+{
+    const size_t n = (1 << 19) + 3; /* per rank: 2 MiB of int32 */
+    int32_t *in = mp_alloc(n * (size_t)nranks * sizeof *in);
+    int32_t *out = mp_alloc(n * (size_t)nranks * sizeof *out);
+    weft_comm *c;
+    int rc, fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (int round = 0; round < 3 && !fail; round++) {
+        int32_t *rs_out = rank == 1 ? in : out;
+        int32_t *ag_in = rank == 0 ? out + (size_t)rank * n : in;
+        const int root = nranks - 1;
+
+        for (size_t i = 0; i < n * (size_t)nranks; i++)
+            in[i] = (int32_t)(i * 7 + (size_t)rank + (size_t)round);
+        rc = weft_reduce_scatter(c, in, rs_out, n, WEFT_INT32, WEFT_SUM);
+        if (rc != WEFT_OK)
+            fail = mp_report_rc(c, "reduce_scatter", rc);
+        for (size_t i = 0; !fail && i < n; i++) {
+            size_t at = (size_t)rank * n + i;
+            int32_t want = (int32_t)((at * 7 + (size_t)round) * (size_t)nranks +
+                                     (size_t)(nranks * (nranks - 1) / 2));
+            if (rs_out[i] != want) {
+                mp_log("round %d: reduce_scatter element %zu is %d, not %d",
+                       round, i, (int)rs_out[i], (int)want);
+                fail = 1;
+            }
+        }
+        for (size_t i = 0; !fail && i < n; i++)
+            ag_in[i] = (int32_t)(rank * 1000003 + (int)i + round);
+        if (!fail && (rc = weft_all_gather(c, ag_in, out, n, WEFT_INT32)) !=
+                         WEFT_OK)
+            fail = mp_report_rc(c, "all_gather", rc);
+        for (int r = 0; !fail && r < nranks; r++)
+            for (size_t i = 0; i < n; i++)
+                if (out[(size_t)r * n + i] !=
+                    (int32_t)(r * 1000003 + (int)i + round)) {
+                    mp_log("round %d: all_gather block %d element %zu is %d",
+                           round, r, i, (int)out[(size_t)r * n + i]);
+                    fail = 1;
+                    break;
+                }
+        for (size_t i = 0; !fail && i < n; i++)
+            out[i] = rank == root ? (int32_t)(i ^ (size_t)round) : -1;
+        if (!fail && (rc = weft_broadcast(c, out, n, WEFT_INT32, root)) !=
+                         WEFT_OK)
+            fail = mp_report_rc(c, "broadcast", rc);
+        for (size_t i = 0; !fail && i < n; i++)
+            if (out[i] != (int32_t)(i ^ (size_t)round)) {
+                mp_log("round %d: broadcast element %zu is %d", round, i,
+                       (int)out[i]);
+                fail = 1;
+            }
+    }
+    free(in);
+    free(out);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(pull, reduce_scatter_all_gather_broadcast_whatever_the_buffers,
+     .timeout = 120)
+{
+    setenv("WEFT_PULL_ALL_GATHER_BYTES", PULL_FROM, 1);
+    setenv("WEFT_PULL_REDUCE_SCATTER_BYTES", PULL_FROM, 1);
+    setenv("WEFT_PULL_BROADCAST_BYTES", PULL_FROM, 1);
+    run_job(3, shapes_rank, NULL, "shapes, 3 ranks");
+    run_job(4, shapes_rank, NULL, "shapes, 4 ranks");
+    unsetenv("WEFT_PULL_ALL_GATHER_BYTES");
+    unsetenv("WEFT_PULL_REDUCE_SCATTER_BYTES");
+    unsetenv("WEFT_PULL_BROADCAST_BYTES");
+}
+
+/* A broadcast whose ranks name different roots: no rank returns WEFT_OK
+ * (the root's buffer would be read by ranks that think they are not the
+ * root, and written by one that thinks it is). */
+static int roots_rank(int rank, int nranks, void *arg)
+{
+    const size_t n = 1 << 20;
+    int32_t *v = mp_alloc(n * sizeof *v);
+    weft_comm *c;
+    int rc;
+
+    (void)arg;
+    for (size_t i = 0; i < n; i++)
+        v[i] = rank;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    rc = weft_broadcast(c, v, n, WEFT_INT32, rank == 0 ? 1 : 0);
+    shm()->rc[rank] = rc;
+    snprintf(shm()->msg[rank], sizeof shm()->msg[rank], "%s",
+             rc == WEFT_OK ? "" : weft_last_error(c));
+    free(v);
+    return weft_finalize(c) != WEFT_OK;
+}
+
+Test(pull, a_broadcast_from_different_roots_is_emismatch, .timeout = 120)
+{
+    int saw = 0;
+
+    setenv("WEFT_PULL_BROADCAST_BYTES", PULL_FROM, 1);
+    run_job(3, roots_rank, NULL, "roots");
+    unsetenv("WEFT_PULL_BROADCAST_BYTES");
+    for (int r = 0; r < 3; r++) {
+        cr_assert(shm()->rc[r] == WEFT_EMISMATCH || shm()->rc[r] == WEFT_EPEER,
+                  "rank %d returned %s (%s)", r, weft_err_name(shm()->rc[r]),
+                  shm()->msg[r]);
+        saw += shm()->rc[r] == WEFT_EMISMATCH &&
+               strstr(shm()->msg[r], "root") != NULL;
+    }
+    cr_assert(saw > 0, "no rank saw the roots differ");
+}
