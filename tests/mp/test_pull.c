@@ -595,8 +595,8 @@ static int shapes_rank(int rank, int nranks, void *arg)
         }
         for (size_t i = 0; !fail && i < n; i++)
             ag_in[i] = (int32_t)(rank * 1000003 + (int)i + round);
-        if (!fail && (rc = weft_all_gather(c, ag_in, out, n, WEFT_INT32)) !=
-                         WEFT_OK)
+        if (!fail &&
+            (rc = weft_all_gather(c, ag_in, out, n, WEFT_INT32)) != WEFT_OK)
             fail = mp_report_rc(c, "all_gather", rc);
         for (int r = 0; !fail && r < nranks; r++)
             for (size_t i = 0; i < n; i++)
@@ -609,8 +609,8 @@ static int shapes_rank(int rank, int nranks, void *arg)
                 }
         for (size_t i = 0; !fail && i < n; i++)
             out[i] = rank == root ? (int32_t)(i ^ (size_t)round) : -1;
-        if (!fail && (rc = weft_broadcast(c, out, n, WEFT_INT32, root)) !=
-                         WEFT_OK)
+        if (!fail &&
+            (rc = weft_broadcast(c, out, n, WEFT_INT32, root)) != WEFT_OK)
             fail = mp_report_rc(c, "broadcast", rc);
         for (size_t i = 0; !fail && i < n; i++)
             if (out[i] != (int32_t)(i ^ (size_t)round)) {
@@ -675,4 +675,54 @@ Test(pull, a_broadcast_from_different_roots_is_emismatch, .timeout = 120)
                strstr(shm()->msg[r], "root") != NULL;
     }
     cr_assert(saw > 0, "no rank saw the roots differ");
+}
+
+/* ---- the deadline ---- */
+
+/* A deadline of 5 ms for an all_reduce of 64 MiB (tens of ms here): it
+ * passes during the call, wherever the call is then (reading, reducing or
+ * waiting for a peer), and every rank's call fails promptly, with
+ * WEFT_ETIMEDOUT where its own deadline passed first and WEFT_EPEER where
+ * a peer's failure came first; none returns WEFT_OK. */
+static int deadline_rank(int rank, int nranks, void *arg)
+{
+    const size_t n = (64u << 20) / sizeof(float);
+    float *v = mp_alloc(n * sizeof *v);
+    weft_comm *c;
+    double t0, dt;
+    int rc;
+
+    (void)arg;
+    for (size_t i = 0; i < n; i++)
+        v[i] = (float)rank;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if ((rc = weft_barrier(c)) != WEFT_OK)
+        return mp_report_rc(c, "barrier", rc);
+    weft_set_timeout(c, 5);
+    t0 = mp_now_ms();
+    rc = weft_all_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM);
+    dt = mp_now_ms() - t0;
+    shm()->rc[rank] = rc;
+    snprintf(shm()->msg[rank], sizeof shm()->msg[rank], "%.0f ms: %s", dt,
+             rc == WEFT_OK ? "" : weft_last_error(c));
+    free(v);
+    return weft_finalize(c) != WEFT_OK;
+}
+
+Test(pull, a_deadline_that_passes_mid_call_fails_every_rank, .timeout = 120)
+{
+    int timed_out = 0;
+
+    run_job(3, deadline_rank, NULL, "deadline");
+    for (int r = 0; r < 3; r++) {
+        cr_assert(shm()->rc[r] == WEFT_ETIMEDOUT || shm()->rc[r] == WEFT_EPEER,
+                  "rank %d returned %s (%s)", r, weft_err_name(shm()->rc[r]),
+                  shm()->msg[r]);
+        timed_out += shm()->rc[r] == WEFT_ETIMEDOUT;
+        cr_log_info("rank %d: %s, %s", r, weft_err_name(shm()->rc[r]),
+                    shm()->msg[r]);
+    }
+    cr_assert(timed_out > 0, "no rank saw its deadline pass: %s; %s; %s",
+              shm()->msg[0], shm()->msg[1], shm()->msg[2]);
 }
