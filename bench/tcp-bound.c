@@ -11,14 +11,18 @@
  *       their ratio are printed. Blocking reads by default (the reader
  *       sleeps in the kernel, as weft does after WEFT_SPIN_US); -s spins on
  *       non-blocking reads instead.
- *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS] [-s]
+ *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS] [-s] [-R]
  *       each rank streams BYTES to the next rank of a ring while receiving
  *       BYTES from the previous one, at once (non-blocking sockets, poll):
  *       the bytes per second each rank moves each way (-s: spinning on
  *       non-blocking calls, yielding the core between tries, instead of
  *       sleeping in poll()). A ring all_reduce
  *       moves 2(n-1)/n of its buffer each way per rank and reduces too, so
- *       its busbw cannot exceed this figure on the same host.
+ *       its busbw cannot exceed this figure on the same host. -R: also
+ *       adds (float32) the first half of the received bytes into a buffer
+ *       of the rank's as they come, the reductions of a ring all_reduce's
+ *       reduce-scatter, so that the figure bounds a ring all_reduce with
+ *       its arithmetic (a rank per core has no other core for it).
  *
  * Every rank is a process (fork); connections are TCP over 127.0.0.1 with
  * TCP_NODELAY and the socket buffers weft asks for. Writes to stdout only
@@ -42,7 +46,7 @@
 
 #define MAXR 64
 
-static int nranks = 4, iters = 2000, rounds = 5, spin;
+static int nranks = 4, iters = 2000, rounds = 5, spin, reduce;
 static long long bytes = 16LL << 20, chunk = 256 << 10;
 static int sockbuf = 4 << 20;
 
@@ -222,9 +226,26 @@ static int rank_lat(int me)
 }
 
 /* Streams `bytes` to next while taking `bytes` from prev. */
-static void stream_once(int out, int in, char *sbuf, char *rbuf)
+/* -R: acc[i] += the received float i, for the floats of the first half
+ * of the stream that arrived whole since the last call (*done of them
+ * already added). */
+static void reduce_arrived(float *acc, const char *rbuf, long long got,
+                           long long *done)
 {
-    long long sent = 0, got = 0;
+    long long upto = (got < bytes / 2 ? got : bytes / 2) / 4;
+
+    for (long long i = *done; i < upto; i++) {
+        float f;
+        memcpy(&f, rbuf + i * 4, sizeof f);
+        acc[i] += f;
+    }
+    if (upto > *done)
+        *done = upto;
+}
+
+static void stream_once(int out, int in, char *sbuf, char *rbuf, float *acc)
+{
+    long long sent = 0, got = 0, reduced = 0;
     struct pollfd pf[2];
 
     while (sent < bytes || got < bytes) {
@@ -251,9 +272,11 @@ static void stream_once(int out, int in, char *sbuf, char *rbuf)
         if (got < bytes) {
             long long want = bytes - got < chunk ? bytes - got : chunk;
             ssize_t k = recv(in, rbuf + got, (size_t)want, MSG_DONTWAIT);
-            if (k > 0)
+            if (k > 0) {
                 got += k;
-            else if (k == 0) {
+                if (acc != NULL)
+                    reduce_arrived(acc, rbuf, got, &reduced);
+            } else if (k == 0) {
                 fprintf(stderr, "tcp-bound: peer closed\n");
                 exit(1);
             } else if (errno != EAGAIN && errno != EINTR)
@@ -266,29 +289,32 @@ static int rank_stream(int me)
 {
     int fd[MAXR], next = (me + 1) % nranks, prev = (me + nranks - 1) % nranks;
     char *sbuf = malloc((size_t)bytes), *rbuf = malloc((size_t)bytes);
+    float *acc = reduce ? calloc((size_t)bytes / 8 + 1, sizeof *acc) : NULL;
     double gbs[64];
     uint64_t v = 0;
 
-    if (sbuf == NULL || rbuf == NULL)
+    if (sbuf == NULL || rbuf == NULL || (reduce && acc == NULL))
         die("malloc");
     memset(sbuf, 1, (size_t)bytes);
     memset(rbuf, 0, (size_t)bytes);
     connect_all(me, fd);
     for (int r = 0; r < rounds; r++) {
         double t0;
-        stream_once(fd[next], fd[prev], sbuf, rbuf); /* warm-up */
+        stream_once(fd[next], fd[prev], sbuf, rbuf, acc); /* warm-up */
         exchange_once(me, fd, &v);
         t0 = now_s();
         for (int i = 0; i < iters; i++)
-            stream_once(fd[next], fd[prev], sbuf, rbuf);
+            stream_once(fd[next], fd[prev], sbuf, rbuf, acc);
         gbs[r] = (double)bytes * iters / (now_s() - t0) / 1e9;
         if (me == 0)
             printf("round %d: %.2f GB/s each way per rank\n", r + 1, gbs[r]);
     }
     if (me == 0)
         printf("ranks %d, %lld bytes, %d iterations, median of %d rounds: "
-               "%.2f GB/s each way per rank\n",
-               nranks, bytes, iters, rounds, median(gbs, rounds));
+               "%.2f GB/s each way per rank%s\n",
+               nranks, bytes, iters, rounds, median(gbs, rounds),
+               reduce ? " (half reduced)" : "");
+    free(acc);
     free(sbuf);
     free(rbuf);
     return 0;
@@ -319,14 +345,14 @@ int main(int argc, char **argv)
     if (argc < 2 ||
         (strcmp(argv[1], "lat") != 0 && strcmp(argv[1], "stream") != 0)) {
         fprintf(stderr, "usage: tcp-bound lat|stream [-n RANKS] [-i ITERS] "
-                        "[-r ROUNDS] [-b BYTES] [-s]\n");
+                        "[-r ROUNDS] [-b BYTES] [-s] [-R]\n");
         return 2;
     }
     stream = strcmp(argv[1], "stream") == 0;
     if (stream)
         iters = 10;
     optind = 2;
-    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:s")) != -1) {
+    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:sR")) != -1) {
         switch (opt) {
         case 'n':
             nranks = atoi(optarg);
@@ -348,6 +374,9 @@ int main(int argc, char **argv)
             break;
         case 's':
             spin = 1;
+            break;
+        case 'R':
+            reduce = 1;
             break;
         default:
             return 2;
