@@ -5,6 +5,7 @@
 #include "base/kernels.h"
 
 #include <assert.h>
+#include <string.h>
 
 static int reduce_boxed(weft__task *t)
 {
@@ -43,6 +44,70 @@ int weft__box_all_gather(weft__task *t)
     return weft__box_start(t->c, t->k, a->sendbuf,
                            a->count * weft_dtype_size(a->dtype), a->recvbuf,
                            &t->pass);
+}
+
+/* Once every rank's buffer is in scratch: the root's, into this rank's. */
+static int take_root(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
+
+    if (t->g.me != a->root)
+        memcpy(a->recvbuf, t->scratch + (size_t)a->root * bytes, bytes);
+    return WEFT_OK;
+}
+
+int weft__box_broadcast(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
+    int rc;
+
+    assert(t->g.n == t->c->nranks);
+    /* Every rank publishes its buffer (the same length, so that every
+     * header compares whole, the root among them); only the root's is
+     * used. */
+    if ((rc = weft__scratch(t->c, bytes * (size_t)t->g.n,
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    if ((rc = weft__box_start(t->c, t->k, a->recvbuf, bytes, t->scratch,
+                              &t->pass)) != 0)
+        return rc;
+    t->next = take_root;
+    return WEFT_OK;
+}
+
+/* Once every rank's whole input is in scratch: this rank's block of each,
+ * reduced in rank order. */
+static int reduce_own_block(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
+    const size_t input = bytes * (size_t)t->g.n;
+    const char *mine = t->scratch + (size_t)t->g.me * bytes;
+
+    memcpy(a->recvbuf, mine, bytes);
+    for (int r = 1; r < t->g.n; r++)
+        weft__reduce3(a->recvbuf, a->recvbuf, mine + (size_t)r * input,
+                      a->count, a->dtype, a->op);
+    return WEFT_OK;
+}
+
+int weft__box_reduce_scatter(weft__task *t)
+{
+    const weft__args *a = &t->a;
+    const size_t input = a->count * weft_dtype_size(a->dtype) * (size_t)t->g.n;
+    int rc;
+
+    assert(t->g.n == t->c->nranks);
+    if ((rc = weft__scratch(t->c, input * (size_t)t->g.n,
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    if ((rc = weft__box_start(t->c, t->k, a->sendbuf, input, t->scratch,
+                              &t->pass)) != 0)
+        return rc;
+    t->next = reduce_own_block;
+    return WEFT_OK;
 }
 
 int weft__box_barrier(weft__task *t)

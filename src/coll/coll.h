@@ -51,6 +51,12 @@ int weft__halving_all_reduce(weft__task *t);
 int weft__box_all_reduce(weft__task *t);
 int weft__box_all_gather(weft__task *t);
 int weft__box_barrier(weft__task *t);
+/* The same for a broadcast (every rank publishes its buffer, the root's
+ * is taken) and a reduce_scatter (every rank publishes its whole input,
+ * count * size * n <= c->box, and reduces its block of each in rank
+ * order). */
+int weft__box_broadcast(weft__task *t);
+int weft__box_reduce_scatter(weft__task *t);
 
 /* Through one-copy reads of the peers' memory (engine.h: c->pull, every
  * rank on this host), the whole job, on the pool's threads (coll/pull.c

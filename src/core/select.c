@@ -28,6 +28,8 @@ enum {
     ANY_SIZE,
     UPTO_BOX,          /* every rank on this host with a box (c->box), and
                           count * elem <= box_bytes and <= c->box */
+    UPTO_BOX_INPUT,    /* the same with count * elem * ranks (a reduce_scatter's
+                          whole input) */
     UPTO_SMALL,        /* <= small_all_reduce_bytes */
     UPTO_DOUBLING,     /* a power-of-two job, and count * elem (per rank,
                           not gathered) <= doubling_all_reduce_bytes */
@@ -112,6 +114,8 @@ static const struct algo_row {
      weft__pull_all_gather},
     {WEFT__OP_ALL_GATHER, ON_MESH, ANY_SIZE, weft__mesh_all_gather},
     {WEFT__OP_ALL_GATHER, ON_RING | ON_DIRECT, ANY_SIZE, weft__ring_all_gather},
+    {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX_INPUT,
+     weft__box_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_RING | ON_DIRECT | ON_MESH, FROM_HIER_SCATTER,
      weft__hier_reduce_scatter},
     {WEFT__OP_REDUCE_SCATTER, ON_DIRECT | ON_MESH, FROM_PULL_SCATTER,
@@ -123,6 +127,8 @@ static const struct algo_row {
      * chain even where the mesh is in effect (each byte crosses each
      * cable once: a host's ranks are consecutive on the ring); else the
      * mesh's scatter + all-gather, or the ring's chain. */
+    {WEFT__OP_BROADCAST, ON_RING | ON_DIRECT | ON_MESH, UPTO_BOX,
+     weft__box_broadcast},
     {WEFT__OP_BROADCAST, ON_MESH, FROM_HIER_BCAST, weft__ring_broadcast},
     {WEFT__OP_BROADCAST, ON_DIRECT | ON_MESH, FROM_PULL_BCAST,
      weft__pull_broadcast},
@@ -171,6 +177,9 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
     switch (sizes) {
     case UPTO_BOX:
         return c->box != 0 && bytes <= c->cfg->box_bytes && bytes <= c->box;
+    case UPTO_BOX_INPUT:
+        return c->box != 0 && gathered <= c->cfg->box_bytes &&
+               gathered <= c->box;
     case UPTO_SMALL:
         return gathered <= c->cfg->small_all_reduce_bytes;
     case UPTO_DOUBLING:

@@ -95,9 +95,11 @@
  * tie at 4-8 KiB (docs/performance.md, "Run 4"). */
 #define WEFT__DOUBLING_WIDE_RANKS 16
 /* Ranks all of one host, through shared memory: an all_reduce of up to
- * this many bytes (count * size) and the barrier go through the box (a
- * slot per rank and call, engine.h), whose messages hold 192 bytes after
- * the call's header. */
+ * this many bytes (count * size), an all_gather of blocks that small, a
+ * broadcast of that many bytes, a reduce_scatter whose whole input is
+ * that small, and the barrier go through the box (a slot per rank and
+ * call, engine.h), whose messages hold 192 bytes after the call's
+ * header. */
 #define WEFT__BOX_BYTES 192
 #define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
 /* Below that many ranks, all of one host and through shared memory, the
@@ -199,7 +201,7 @@ typedef struct weft__config {
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t mesh_small_all_reduce_bytes;
     size_t bidir_min_bytes;
-    size_t box_bytes; /* all_reduce through the box up to this; 0: off */
+    size_t box_bytes; /* small calls through the box up to this; 0: off */
     size_t doubling_all_reduce_bytes; /* per rank, as the two below */
     size_t halving_all_reduce_bytes;
     size_t halving_fold_all_reduce_bytes;

@@ -622,3 +622,128 @@ Test(box, ranks_many_calls_apart, .timeout = 240)
     run_job(3, TIMEOUT_MS, step_rank, NULL, "ranks out of step");
     run_job(4, TIMEOUT_MS, step_rank, NULL, "ranks out of step");
 }
+
+/* ---- broadcast and reduce_scatter ---- */
+
+/* A broadcast from the last rank of counts up to the box's edge and one
+ * past it (frames), and a reduce_scatter whose whole input (n blocks) is
+ * at the edge and one block-element past it, in place and not, with
+ * canaries; every dtype, sum and max. */
+static int bcast_rs_rank(int rank, int nranks, void *arg)
+{
+    const int root = nranks - 1;
+    weft_comm *c;
+    int fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
+        const size_t es = weft_dtype_size(dtypes[d]);
+        const size_t edge = BOX_BYTES / es, rs_edge = edge / (size_t)nranks;
+        const size_t bcounts[] = {1, edge, edge + 1};
+        const size_t rcounts[] = {1, rs_edge, rs_edge + 1};
+
+        for (size_t k = 0; k < 3 && !fail; k++) {
+            const size_t n = bcounts[k], bytes = n * es;
+            char *buf = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
+            char *want = mp_alloc(bytes);
+            char *out = buf + MP_CANARY_BYTES;
+            char what[128];
+            int rc;
+
+            memset(buf, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
+            for (size_t i = 0; i < n; i++) {
+                mp_put_value(dtypes[d], out, i, elem(rank, i));
+                mp_put_value(dtypes[d], want, i, elem(root, i));
+            }
+            snprintf(what, sizeof what, "broadcast(%s, count=%zu, root %d)",
+                     mp_dtype_name(dtypes[d]), n, root);
+            rc = weft_broadcast(c, out, n, dtypes[d], root);
+            if (rc != WEFT_OK)
+                fail = mp_report_rc(c, what, rc);
+            else
+                fail = mp_check_elems(what, "buf", dtypes[d], out, want, n) ||
+                       mp_check_canary(what, "buf", out, bytes) ||
+                       mp_check_canary(what, "the bytes before buf", buf, 0);
+            free(buf);
+            free(want);
+        }
+        for (size_t k = 0; k < 6 && !fail; k++) {
+            const size_t n = rcounts[k / 2], bytes = n * es;
+            const size_t all = bytes * (size_t)nranks;
+            const int inplace = (int)(k & 1);
+            const weft_redop op = k < 2 ? WEFT_SUM : WEFT_MAX;
+            char *send = mp_alloc(all);
+            char *recv = mp_alloc(all + 2 * MP_CANARY_BYTES);
+            char *want = mp_alloc(bytes);
+            char *out = recv + MP_CANARY_BYTES;
+            char *in = inplace ? out : send;
+            char what[128];
+            int rc;
+
+            if (n == 0) {
+                free(send);
+                free(recv);
+                free(want);
+                continue;
+            }
+            memset(recv, MP_CANARY, all + 2 * MP_CANARY_BYTES);
+            for (size_t i = 0; i < n * (size_t)nranks; i++)
+                mp_put_value(dtypes[d], in, i, elem(rank, i));
+            for (size_t i = 0; i < n; i++)
+                mp_put_value(dtypes[d], want, i,
+                             expect(op, nranks, (size_t)rank * n + i));
+            snprintf(what, sizeof what, "reduce_scatter(%s, %s, count=%zu%s)",
+                     mp_op_name(op), mp_dtype_name(dtypes[d]), n,
+                     inplace ? ", in place" : "");
+            rc = weft_reduce_scatter(c, in, out, n, dtypes[d], op);
+            if (rc != WEFT_OK)
+                fail = mp_report_rc(c, what, rc);
+            else
+                fail = mp_check_elems(what, "recvbuf", dtypes[d], out, want,
+                                      n) ||
+                       mp_check_canary(what, "recvbuf", out,
+                                       inplace ? all : bytes) ||
+                       mp_check_canary(what, "the bytes before recvbuf", recv,
+                                       0);
+            free(send);
+            free(recv);
+            free(want);
+        }
+    }
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(box, broadcast_and_reduce_scatter_at_and_past_its_edge, .timeout = 240)
+{
+    for (int n = 2; n <= 4; n++)
+        run_job(n, TIMEOUT_MS, bcast_rs_rank, NULL, "box broadcast, scatter");
+}
+
+/* Ranks that name different roots: every rank reads every header in the
+ * box, so every rank sees it. */
+static int roots_rank(int rank, int nranks, void *arg)
+{
+    int32_t v[4] = {rank, rank, rank, rank};
+    weft_comm *c;
+    int rc;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    rc = weft_broadcast(c, v, 4, WEFT_INT32, rank == 0 ? 1 : 0);
+    record(rank, rc, 0, c);
+    return weft_finalize(c) != WEFT_OK;
+}
+
+Test(box, a_broadcast_from_different_roots_is_emismatch_on_every_rank,
+     .timeout = 120)
+{
+    run_job(3, TIMEOUT_MS, roots_rank, NULL, "roots in the box");
+    for (int r = 0; r < 3; r++)
+        cr_assert(shm()->rc[r] == WEFT_EMISMATCH &&
+                      strstr(shm()->msg[r], "root") != NULL,
+                  "rank %d: %s (%s)", r, weft_err_name(shm()->rc[r]),
+                  shm()->msg[r]);
+}
