@@ -7,6 +7,24 @@
 #include <assert.h>
 #include <string.h>
 
+/* Starts a box pass that gathers every rank's len bytes of data into
+ * scratch (rank order), then runs next. */
+static int box_gather(weft__task *t, const void *data, size_t len,
+                      weft__task_fn next)
+{
+    int rc;
+
+    assert(t->g.n == t->c->nranks);
+    if ((rc = weft__scratch(t->c, len * (size_t)t->g.n,
+                            (void **)&t->scratch)) != 0)
+        return rc;
+    if ((rc = weft__box_start(t->c, t->k, data, len, t->scratch, &t->pass)) !=
+        0)
+        return rc;
+    t->next = next;
+    return WEFT_OK;
+}
+
 static int reduce_boxed(weft__task *t)
 {
     const weft__args *a = &t->a;
@@ -18,19 +36,8 @@ static int reduce_boxed(weft__task *t)
 
 int weft__box_all_reduce(weft__task *t)
 {
-    const weft__args *a = &t->a;
-    const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    int rc;
-
-    assert(t->g.n == t->c->nranks);
-    if ((rc = weft__scratch(t->c, bytes * (size_t)t->g.n,
-                            (void **)&t->scratch)) != 0)
-        return rc;
-    if ((rc = weft__box_start(t->c, t->k, a->sendbuf, bytes, t->scratch,
-                              &t->pass)) != 0)
-        return rc;
-    t->next = reduce_boxed;
-    return WEFT_OK;
+    return box_gather(t, t->a.sendbuf, t->a.count * weft_dtype_size(t->a.dtype),
+                      reduce_boxed);
 }
 
 int weft__box_all_gather(weft__task *t)
@@ -59,22 +66,11 @@ static int take_root(weft__task *t)
 
 int weft__box_broadcast(weft__task *t)
 {
-    const weft__args *a = &t->a;
-    const size_t bytes = a->count * weft_dtype_size(a->dtype);
-    int rc;
-
-    assert(t->g.n == t->c->nranks);
     /* Every rank publishes its buffer (the same length, so that every
      * header compares whole, the root among them); only the root's is
      * used. */
-    if ((rc = weft__scratch(t->c, bytes * (size_t)t->g.n,
-                            (void **)&t->scratch)) != 0)
-        return rc;
-    if ((rc = weft__box_start(t->c, t->k, a->recvbuf, bytes, t->scratch,
-                              &t->pass)) != 0)
-        return rc;
-    t->next = take_root;
-    return WEFT_OK;
+    return box_gather(t, t->a.recvbuf, t->a.count * weft_dtype_size(t->a.dtype),
+                      take_root);
 }
 
 /* Once every rank's whole input is in scratch: this rank's block of each,
@@ -95,19 +91,9 @@ static int reduce_own_block(weft__task *t)
 
 int weft__box_reduce_scatter(weft__task *t)
 {
-    const weft__args *a = &t->a;
-    const size_t input = a->count * weft_dtype_size(a->dtype) * (size_t)t->g.n;
-    int rc;
-
-    assert(t->g.n == t->c->nranks);
-    if ((rc = weft__scratch(t->c, input * (size_t)t->g.n,
-                            (void **)&t->scratch)) != 0)
-        return rc;
-    if ((rc = weft__box_start(t->c, t->k, a->sendbuf, input, t->scratch,
-                              &t->pass)) != 0)
-        return rc;
-    t->next = reduce_own_block;
-    return WEFT_OK;
+    return box_gather(t, t->a.sendbuf,
+                      t->a.count * weft_dtype_size(t->a.dtype) * (size_t)t->g.n,
+                      reduce_own_block);
 }
 
 int weft__box_barrier(weft__task *t)
