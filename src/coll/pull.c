@@ -381,10 +381,9 @@ static int rs_direct(const weft__task *t)
 {
     const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
     const char *s = t->a.sendbuf, *r = t->a.recvbuf;
-    const char *own = s + (size_t)t->g.me * block;
 
     return r + block <= s || r >= s + block * (size_t)t->g.n ||
-           (r >= own && r + block <= own + block);
+           r == s + (size_t)t->g.me * block;
 }
 
 /* After the last barrier: the result into recvbuf, where it went to c's
@@ -413,20 +412,12 @@ static int rs_reduce(weft__task *t)
 
 int weft__pull_reduce_scatter(weft__task *t)
 {
-    weft__ctx *c = t->c;
-    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
+    int rc;
 
-    if (!rs_direct(t) && block > c->pull_tmp_bytes) {
-        void *p = realloc(c->pull_tmp, block);
-
-        if (p == NULL)
-            return weft__note(c, WEFT_ENOMEM,
-                              "rank %d: %s: cannot allocate %zu bytes for "
-                              "its result",
-                              c->rank, t->k->name, block);
-        c->pull_tmp = p;
-        c->pull_tmp_bytes = block;
-    }
+    if (!rs_direct(t) &&
+        (rc = weft__pull_tmp(t->c, t->a.count * weft_dtype_size(t->a.dtype))) !=
+            WEFT_OK)
+        return rc;
     return publish(t, t->a.sendbuf, t->a.recvbuf, rs_reduce);
 }
 

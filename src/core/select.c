@@ -168,6 +168,12 @@ int weft__topology(const weft__ctx *c)
     return c->cfg->mesh ? ON_MESH : ON_DIRECT;
 }
 
+/* The one-copy reads (c->pull) from `from` bytes, 0 being off. */
+static int pull_from(const weft__ctx *c, size_t bytes, size_t from)
+{
+    return c->pull && from != 0 && bytes >= from;
+}
+
 static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
 {
     const size_t bytes = a->count * weft_dtype_size(a->dtype);
@@ -197,17 +203,13 @@ static int size_fits(const weft__ctx *c, int sizes, const weft__args *a)
                bytes <= (pow2 ? c->cfg->halving_all_reduce_bytes
                               : c->cfg->halving_fold_all_reduce_bytes);
     case FROM_PULL:
-        return c->pull && c->cfg->pull_all_reduce_bytes != 0 &&
-               bytes >= c->cfg->pull_all_reduce_bytes;
+        return pull_from(c, bytes, c->cfg->pull_all_reduce_bytes);
     case FROM_PULL_GATHER:
-        return c->pull && c->cfg->pull_all_gather_bytes != 0 &&
-               bytes >= c->cfg->pull_all_gather_bytes;
+        return pull_from(c, bytes, c->cfg->pull_all_gather_bytes);
     case FROM_PULL_SCATTER:
-        return c->pull && c->cfg->pull_reduce_scatter_bytes != 0 &&
-               bytes >= c->cfg->pull_reduce_scatter_bytes;
+        return pull_from(c, bytes, c->cfg->pull_reduce_scatter_bytes);
     case FROM_PULL_BCAST:
-        return c->pull && c->cfg->pull_broadcast_bytes != 0 &&
-               bytes >= c->cfg->pull_broadcast_bytes;
+        return pull_from(c, bytes, c->cfg->pull_broadcast_bytes);
     case FROM_HIER:
         /* An element per rank: every chunk of every phase holds one, so
          * every pass moves data and compares the ranks' calls. */

@@ -292,21 +292,35 @@ int weft__note(weft__ctx *c, int err, const char *fmt, ...)
     return err;
 }
 
+/* Grows *buf (*have bytes) to at least nbytes, for a call before anything
+ * of it moved: on failure c stays usable. */
+static int grow(weft__ctx *c, void **buf, size_t *have, size_t nbytes,
+                const char *what)
+{
+    if (nbytes > *have) {
+        void *p = realloc(*buf, nbytes);
+        if (p == NULL)
+            return weft__note(c, WEFT_ENOMEM,
+                              "rank %d: cannot allocate %zu bytes of %s",
+                              c->rank, nbytes, what);
+        *buf = p;
+        *have = nbytes;
+    }
+    return WEFT_OK;
+}
+
 int weft__scratch(weft__ctx *c, size_t nbytes, void **out)
 {
-    if (nbytes > c->scratch_bytes) {
-        void *p = realloc(c->scratch, nbytes);
-        if (p == NULL)
-            /* Before anything of the call moved: c stays usable. */
-            return weft__note(c, WEFT_ENOMEM,
-                              "rank %d: cannot allocate %zu bytes of "
-                              "scratch",
-                              c->rank, nbytes);
-        c->scratch = p;
-        c->scratch_bytes = nbytes;
-    }
+    int rc = grow(c, &c->scratch, &c->scratch_bytes, nbytes, "scratch");
+
     *out = c->scratch;
-    return WEFT_OK;
+    return rc;
+}
+
+int weft__pull_tmp(weft__ctx *c, size_t nbytes)
+{
+    return grow(c, &c->pull_tmp, &c->pull_tmp_bytes, nbytes,
+                "scratch for a result (one-copy reads)");
 }
 
 /* ---- headers ----
@@ -1372,9 +1386,8 @@ void weft__pass_end(weft__pass *r, int rc)
             weft__reducer_cancel(c->eng->reducer);
         /* Drop every frame in flight (none may touch the caller's buffers
          * once we return) and fail the communicator. */
-        weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, r->k->name,
+        weft__call_fail(c, rc, "rank %d: %s failed: %s", c->rank, r->k->name,
                         weft_strerror(rc));
-        c->tpo->shutdown(c->tp);
     }
     pass_free(c, r);
 }

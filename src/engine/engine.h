@@ -103,6 +103,10 @@ int weft__call_fail(weft__ctx *c, int err, const char *fmt, ...)
 /* Grows c->scratch to at least nbytes. */
 int weft__scratch(weft__ctx *c, size_t nbytes, void **out);
 
+/* Grows c->pull_tmp to at least nbytes (apart from c->scratch, which the
+ * barriers of the same call use). */
+int weft__pull_tmp(weft__ctx *c, size_t nbytes);
+
 /* Operation kinds, carried in each channel's header so that ranks calling
  * different operations fail with WEFT_EMISMATCH instead of mixing data. */
 enum {

@@ -270,6 +270,33 @@ static void rx_pop(shm_wire *w)
     complete(w->tp, x);
 }
 
+/* What one read of a peer's memory found (peer_readv). */
+enum {
+    READ_OK,
+    READ_FAILED,      /* the kernel refused: its errno in *err */
+    READ_LEFT_BEFORE, /* refused, and the peer had left (it failed or
+                         finalized and may have unmapped what it named):
+                         its leaving, not a fault of this rank */
+    READ_LEFT_DURING, /* read, but the peer left by the end of the read */
+};
+
+/* process_vm_readv of w's peer: cnt local pieces from riov, the bytes
+ * read in *got. The peer's buffer is borrowed only while its operation
+ * runs, and a peer marks its leaving before it hands the buffer back: so
+ * what was read is trusted only where it had not left by the end of the
+ * read (READ_LEFT_DURING otherwise). */
+static int peer_readv(const shm_wire *w, const struct iovec *liov, int cnt,
+                      const struct iovec *riov, ssize_t *got, int *err)
+{
+    *got = process_vm_readv(w->pid, liov, (unsigned long)cnt, riov, 1, 0);
+    if (*got < 0) {
+        *err = errno;
+        return atomic_load(w->peer_aborted) != 0 ? READ_LEFT_BEFORE
+                                                 : READ_FAILED;
+    }
+    return atomic_load(w->peer_aborted) != 0 ? READ_LEFT_DURING : READ_OK;
+}
+
 /* Reads n bytes of the one-copy record at addr (from its byte r_off on)
  * into the posted receives, up to SHM_MAX_IOV of them. Returns the bytes
  * read, or a negative code (recorded). */
@@ -278,7 +305,7 @@ static long cma_read(shm_wire *w, uint64_t addr, size_t n)
     struct iovec liov[SHM_MAX_IOV], riov;
     weft__xfer *x = w->rq_head;
     size_t want = 0;
-    int cnt = 0;
+    int cnt = 0, e = 0;
     ssize_t got;
 
     for (; x != NULL && cnt < SHM_MAX_IOV && want < n; x = x->tp_next) {
@@ -292,36 +319,24 @@ static long cma_read(shm_wire *w, uint64_t addr, size_t n)
     }
     riov.iov_base = (void *)(uintptr_t)(addr + w->r_off);
     riov.iov_len = want;
-    got = process_vm_readv(w->pid, liov, (unsigned long)cnt, &riov, 1, 0);
-    if (got < 0 && atomic_load(w->peer_aborted) != 0) {
-        /* The peer failed or finalized and handed its buffer back (it may
-         * be unmapped by now): its leaving, not a fault of this rank. */
+    switch (peer_readv(w, liov, cnt, &riov, &got, &e)) {
+    case READ_LEFT_BEFORE:
+    case READ_LEFT_DURING:
         weft__shm_fail(w->tp, WEFT_EPEER,
                        "rank %d: peer %d (same host) closed its side (it "
-                       "failed or finalized) before this rank read its data",
-                       w->tp->rank, w->peer);
+                       "failed or finalized) %s this rank read its data",
+                       w->tp->rank, w->peer, got < 0 ? "before" : "while");
         return w->tp->err;
-    }
-    if (got < 0) {
-        int e = errno;
+    case READ_FAILED:
         weft__shm_fail(w->tp, e == ESRCH ? WEFT_EPEER : WEFT_ETRANSPORT,
                        "rank %d: reading %zu bytes from peer %d (same host, "
                        "pid %d) failed: %s%s",
                        w->tp->rank, want, w->peer, (int)w->pid, strerror(e),
                        e == ESRCH ? " (it exited: its connection closed)" : "");
         return w->tp->err;
+    default:
+        return (long)got;
     }
-    /* The peer's buffer is borrowed only while its operation runs: a
-     * peer that aborted may have handed it back, so what was read is
-     * trusted only if it had not aborted by the end of the read. */
-    if (atomic_load(w->peer_aborted) != 0) {
-        weft__shm_fail(w->tp, WEFT_EPEER,
-                       "rank %d: peer %d (same host) closed its side (it "
-                       "failed or finalized) while this rank read its data",
-                       w->tp->rank, w->peer);
-        return w->tp->err;
-    }
-    return (long)got;
 }
 
 int weft__shm_can_read(weft__tp *t, int peer)
@@ -336,29 +351,33 @@ int weft__shm_peer_read(weft__tp *t, int peer, void *dst, uint64_t addr,
                         size_t len, int *err)
 {
     shm_tp *tp = (shm_tp *)t;
-    shm_wire *w = tp->local[peer];
+    const shm_wire *w = tp->local[peer];
     char *d = dst;
 
     *err = 0;
     while (len > 0) {
         struct iovec l = {.iov_base = d, .iov_len = len};
         struct iovec r = {.iov_base = (void *)(uintptr_t)addr, .iov_len = len};
-        ssize_t got = process_vm_readv(w->pid, &l, 1, &r, 1, 0);
+        ssize_t got;
 
-        if (got <= 0) {
-            /* A peer that left may have unmapped what it named. */
-            if (atomic_load(w->peer_aborted) != 0)
-                return WEFT_EPEER;
-            *err = got < 0 ? errno : EFAULT;
+        switch (peer_readv(w, &l, 1, &r, &got, err)) {
+        case READ_LEFT_BEFORE:
+        case READ_LEFT_DURING:
+            return WEFT_EPEER;
+        case READ_FAILED:
             return *err == ESRCH ? WEFT_EPEER : WEFT_ETRANSPORT;
+        default:
+            break;
+        }
+        if (got == 0) { /* nothing mapped there: no progress to make */
+            *err = EFAULT;
+            return WEFT_ETRANSPORT;
         }
         d += got;
         addr += (uint64_t)got;
         len -= (size_t)got;
     }
-    /* What was read is the peer's data only if it had not handed its
-     * buffer back by the end of the read (as cma_read). */
-    return atomic_load(w->peer_aborted) != 0 ? WEFT_EPEER : 0;
+    return 0;
 }
 
 /* Hands what landed in the ring to the posted receives, in order. Returns
