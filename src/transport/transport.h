@@ -129,9 +129,10 @@ typedef struct weft__tp_ops {
      * - box_get: peer's message for call seq: 1 with up to cap bytes of
      *   it copied to out and its length in *len; 0 while the peer has
      *   not written it; 2 where the message is there but its peer left
-     *   without ending the call (it failed or died in it: the message
-     *   may be looked at, as a header that differs explains the failure,
-     *   its data must not be used); 3 where the peer left without writing
+     *   by its own hand without ending the call (it failed in it: the
+     *   message may be looked at, as a header that differs explains the
+     *   failure, its data must not be used; a peer that died without a
+     *   word gets 1, its message being whole); 3 where the peer left without writing
      *   it; 4 where the peer announced call seq on frames (its header in
      *   out); or the transport's error. 2, 3 and 4 fail nothing: the
      *   caller says why its call failed, having looked at every peer.

@@ -13,6 +13,8 @@
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,8 @@ struct box_shm {
     int rc[MP_MAX_RANKS];
     double ms[MP_MAX_RANKS];
     char msg[MP_MAX_RANKS][256];
+    pid_t pid0;          /* rank 0's, for a peer that stops it */
+    _Atomic int in_call; /* rank 0 is about to enter its call */
 };
 
 static struct box_shm *shm(void)
@@ -387,6 +391,117 @@ Test(box, a_late_peer_is_the_deadline_and_named, .timeout = 120)
                   "WEFT_BOX_BYTES=0, rank %d: %s", r, shm()->msg[r]);
 }
 
+/* ---- a peer killed just after its call ---- */
+
+/* The state letter of pid's main thread (/proc/pid/stat), or '?'. */
+static char proc_state(pid_t pid)
+{
+    char path[64], buf[512], *p;
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return '?';
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    p = strrchr(buf, ')'); /* the name may hold anything */
+    return p != NULL && p[1] == ' ' ? p[2] : '?';
+}
+
+/* Waits up to 10 s for pid's main thread to be in one of states. */
+static int wait_state(pid_t pid, const char *states)
+{
+    for (int i = 0; i < 10000; i++) {
+        if (strchr(states, proc_state(pid)) != NULL)
+            return 0;
+        mp_sleep_ms(1);
+    }
+    mp_log("pid %d never reached a state in \"%s\" (now %c)", (int)pid, states,
+           proc_state(pid));
+    return -1;
+}
+
+/* Rank 0 enters a barrier and sleeps in it, its message written; rank 1
+ * stops it (SIGSTOP), runs its own barrier to the end (rank 0's message
+ * is there), and is SIGKILLed; a child of rank 1 resumes rank 0 once
+ * rank 1 is gone. Rank 0 then finds rank 1's message and a closed
+ * connection: rank 1 took its part, so rank 0's barrier succeeds; its
+ * next call finds the peer dead. */
+static int killed_after_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c;
+    int rc, fds[2];
+    pid_t helper;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if (rank == 0)
+        shm()->pid0 = getpid();
+    if ((rc = weft_barrier(c)) != WEFT_OK)
+        return mp_report_rc(c, "first barrier", rc);
+    if (rank == 0) {
+        atomic_store(&shm()->in_call, 1);
+        rc = weft_barrier(c);
+        record(0, rc, 0, c);
+        if (rc != WEFT_OK)
+            return mp_report_rc(c, "barrier that rank 1 ended before it died",
+                                rc);
+        rc = weft_barrier(c);
+        record(0, rc, 0, c);
+        if (rc != WEFT_EPEER)
+            return mp_report_rc(c, "barrier after rank 1 died", rc) || 1;
+        return weft_finalize(c) != WEFT_OK;
+    }
+    while (!atomic_load(&shm()->in_call))
+        mp_sleep_ms(1);
+    /* Asleep in its wait: nothing before its message sleeps. */
+    if (wait_state(shm()->pid0, "S") != 0 || pipe(fds) != 0)
+        return 1;
+    if ((helper = fork()) < 0)
+        return 1;
+    if (helper == 0) {
+        char b;
+
+        close(fds[1]);
+        /* EOF once rank 1 (holding the write end) is gone. */
+        while (read(fds[0], &b, 1) != 0)
+            ;
+        /* Its connections' ends have reached rank 0 by then, so
+         * rank 0 may well find them before the message. */
+        mp_sleep_ms(100);
+        kill(shm()->pid0, SIGCONT);
+        _exit(0);
+    }
+    close(fds[0]);
+    if (kill(shm()->pid0, SIGSTOP) != 0 || wait_state(shm()->pid0, "Tt") != 0)
+        return 1;
+    rc = weft_barrier(c);
+    record(1, rc, 0, c);
+    if (rc != WEFT_OK)
+        return mp_report_rc(c, "barrier with rank 0 stopped in it", rc);
+    mp_point(1); /* killed here */
+    return 1;
+}
+
+Test(box, a_peer_killed_after_its_call_ended_it, .timeout = 120)
+{
+    struct mp_action kill_1 = {.rank = 1, .point = 1, .kind = MP_ACT_SIGKILL};
+    struct mp_opts o = {.nranks = 2,
+                        .timeout_ms = TIMEOUT_MS,
+                        .actions = &kill_1,
+                        .nactions = 1};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_SHM", "1", 1);
+    cr_assert_eq(mp_run(&o, killed_after_rank, NULL, &res), 0);
+    cr_assert(mp_all_passed(&res), "%s: %s", mp_describe(&res, buf, sizeof buf),
+              shm()->msg[0]);
+}
+
 /* ---- weft_abort while a box call waits ---- */
 
 struct aborter {
@@ -701,12 +816,11 @@ static int bcast_rs_rank(int rank, int nranks, void *arg)
             if (rc != WEFT_OK)
                 fail = mp_report_rc(c, what, rc);
             else
-                fail = mp_check_elems(what, "recvbuf", dtypes[d], out, want,
-                                      n) ||
-                       mp_check_canary(what, "recvbuf", out,
-                                       inplace ? all : bytes) ||
-                       mp_check_canary(what, "the bytes before recvbuf", recv,
-                                       0);
+                fail =
+                    mp_check_elems(what, "recvbuf", dtypes[d], out, want, n) ||
+                    mp_check_canary(what, "recvbuf", out,
+                                    inplace ? all : bytes) ||
+                    mp_check_canary(what, "the bytes before recvbuf", recv, 0);
             free(send);
             free(recv);
             free(want);

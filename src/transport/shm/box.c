@@ -185,7 +185,8 @@ int weft__shm_box_get(weft__tp *t, int peer, uint64_t seq, void *out,
     shm_box_slot *s = &pa->slot[seq % SHM_BOX_DEPTH];
     /* Looked at before the slot and its done count: a peer that left
      * after writing them wrote them before. */
-    int gone = peer_gone(w);
+    int said = atomic_load(w->peer_aborted) != 0;
+    int gone = said || w->dead;
     uint64_t at = atomic_load_explicit(&s->seq, memory_order_acquire);
 
     if (tp->err != 0)
@@ -209,9 +210,14 @@ int weft__shm_box_get(weft__tp *t, int peer, uint64_t seq, void *out,
             n = cap;
         memcpy(out, s->msg, n);
         *len = n;
-        /* A peer that left ended the call first where its done count
-         * says so (it finalized after); else it failed or died in it. */
-        return !gone || atomic_load_explicit(&pa->done, memory_order_acquire) >=
+        /* A peer that left by its own hand (its finalize, or a failure:
+         * the flag, with its done count first) ended the call where the
+         * count says so; else it failed in it, and its message must not
+         * make a call succeed here that failed there. One that died (its
+         * connection closed, no flag) said nothing and returned nothing:
+         * its message is whole (its number is stored after it), so a
+         * rank killed just after its call, or in it, took its part. */
+        return !said || atomic_load_explicit(&pa->done, memory_order_acquire) >=
                             seq
                    ? 1
                    : 2;
