@@ -12,6 +12,7 @@
  *       sleeps in the kernel, as weft does after WEFT_SPIN_US); -s spins on
  *       non-blocking reads instead.
  *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS] [-s] [-R]
+ *                    [-T]
  *       each rank streams BYTES to the next rank of a ring while receiving
  *       BYTES from the previous one, at once (non-blocking sockets, poll):
  *       the bytes per second each rank moves each way (-s: spinning on
@@ -22,7 +23,10 @@
  *       adds (float32) the first half of the received bytes into a buffer
  *       of the rank's as they come, the reductions of a ring all_reduce's
  *       reduce-scatter, so that the figure bounds a ring all_reduce with
- *       its arithmetic (a rank per core has no other core for it).
+ *       its arithmetic (a rank per core has no other core for it). -T:
+ *       a second thread of each rank sends while the first receives (and
+ *       reduces, with -R), as where a library's I/O is split over two
+ *       threads; without it one thread does both, as weft's progress does.
  *
  * Every rank is a process (fork); connections are TCP over 127.0.0.1 with
  * TCP_NODELAY and the socket buffers weft asks for. Writes to stdout only
@@ -33,6 +37,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -46,7 +51,7 @@
 
 #define MAXR 64
 
-static int nranks = 4, iters = 2000, rounds = 5, spin, reduce;
+static int nranks = 4, iters = 2000, rounds = 5, spin, reduce, two_threads;
 static long long bytes = 16LL << 20, chunk = 256 << 10;
 static int sockbuf = 4 << 20;
 
@@ -285,6 +290,68 @@ static void stream_once(int out, int in, char *sbuf, char *rbuf, float *acc)
     }
 }
 
+/* -T: the sending half of stream_once, on a thread of its own. */
+struct sender {
+    int out;
+    const char *sbuf;
+};
+
+static void *send_all(void *arg)
+{
+    const struct sender *sd = arg;
+    long long sent = 0;
+
+    while (sent < bytes) {
+        long long want = bytes - sent < chunk ? bytes - sent : chunk;
+        struct pollfd pf = {.fd = sd->out, .events = POLLOUT};
+        ssize_t k;
+
+        if (spin)
+            sched_yield();
+        else if (poll(&pf, 1, 10000) <= 0)
+            die("poll");
+        k = send(sd->out, sd->sbuf + sent, (size_t)want,
+                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k > 0)
+            sent += k;
+        else if (k < 0 && errno != EAGAIN && errno != EINTR)
+            die("send");
+    }
+    return NULL;
+}
+
+static void stream_once_split(int out, int in, char *sbuf, char *rbuf,
+                              float *acc)
+{
+    struct sender sd = {out, sbuf};
+    long long got = 0, reduced = 0;
+    pthread_t th;
+
+    if ((errno = pthread_create(&th, NULL, send_all, &sd)) != 0)
+        die("pthread_create");
+    while (got < bytes) {
+        long long want = bytes - got < chunk ? bytes - got : chunk;
+        struct pollfd pf = {.fd = in, .events = POLLIN};
+        ssize_t k;
+
+        if (spin)
+            sched_yield();
+        else if (poll(&pf, 1, 10000) <= 0)
+            die("poll");
+        k = recv(in, rbuf + got, (size_t)want, MSG_DONTWAIT);
+        if (k > 0) {
+            got += k;
+            if (acc != NULL)
+                reduce_arrived(acc, rbuf, got, &reduced);
+        } else if (k == 0) {
+            fprintf(stderr, "tcp-bound: peer closed\n");
+            exit(1);
+        } else if (errno != EAGAIN && errno != EINTR)
+            die("recv");
+    }
+    pthread_join(th, NULL);
+}
+
 static int rank_stream(int me)
 {
     int fd[MAXR], next = (me + 1) % nranks, prev = (me + nranks - 1) % nranks;
@@ -300,20 +367,24 @@ static int rank_stream(int me)
     connect_all(me, fd);
     for (int r = 0; r < rounds; r++) {
         double t0;
-        stream_once(fd[next], fd[prev], sbuf, rbuf, acc); /* warm-up */
+        void (*once)(int, int, char *, char *, float *) =
+            two_threads ? stream_once_split : stream_once;
+
+        once(fd[next], fd[prev], sbuf, rbuf, acc); /* warm-up */
         exchange_once(me, fd, &v);
         t0 = now_s();
         for (int i = 0; i < iters; i++)
-            stream_once(fd[next], fd[prev], sbuf, rbuf, acc);
+            once(fd[next], fd[prev], sbuf, rbuf, acc);
         gbs[r] = (double)bytes * iters / (now_s() - t0) / 1e9;
         if (me == 0)
             printf("round %d: %.2f GB/s each way per rank\n", r + 1, gbs[r]);
     }
     if (me == 0)
         printf("ranks %d, %lld bytes, %d iterations, median of %d rounds: "
-               "%.2f GB/s each way per rank%s\n",
+               "%.2f GB/s each way per rank%s%s\n",
                nranks, bytes, iters, rounds, median(gbs, rounds),
-               reduce ? " (half reduced)" : "");
+               reduce ? " (half reduced)" : "",
+               two_threads ? " (sending on a second thread)" : "");
     free(acc);
     free(sbuf);
     free(rbuf);
@@ -345,14 +416,14 @@ int main(int argc, char **argv)
     if (argc < 2 ||
         (strcmp(argv[1], "lat") != 0 && strcmp(argv[1], "stream") != 0)) {
         fprintf(stderr, "usage: tcp-bound lat|stream [-n RANKS] [-i ITERS] "
-                        "[-r ROUNDS] [-b BYTES] [-s] [-R]\n");
+                        "[-r ROUNDS] [-b BYTES] [-s] [-R] [-T]\n");
         return 2;
     }
     stream = strcmp(argv[1], "stream") == 0;
     if (stream)
         iters = 10;
     optind = 2;
-    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:sR")) != -1) {
+    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:sRT")) != -1) {
         switch (opt) {
         case 'n':
             nranks = atoi(optarg);
@@ -377,6 +448,9 @@ int main(int argc, char **argv)
             break;
         case 'R':
             reduce = 1;
+            break;
+        case 'T':
+            two_threads = 1;
             break;
         default:
             return 2;
