@@ -400,6 +400,13 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     cfg->spare_cores = cores_per_rank(cfg, WEFT__REDUCE_THREAD_CORES);
     cfg->own_core = cores_per_rank(cfg, 1);
     cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
+    if ((rc = env_int("WEFT_SEND_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->send_thread = v >= 0 ? (int)v : cfg->spare_cores;
+    if ((rc = env_int("WEFT_SEND_THREAD_MIN_BYTES", 1, 1L << 30,
+                      WEFT__SEND_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
+        return rc;
+    cfg->send_thread_min_bytes = (size_t)v;
 
     /* A wait polls (yielding the core between polls) this long before it
      * sleeps: measured faster for small operations both with a core per

@@ -175,6 +175,9 @@ int mp_run_timed(const struct mp_opts *o, mp_rank_fn fn, void *arg,
 /* Sleeps for ms milliseconds (restarting after signals). */
 void mp_sleep_ms(int ms);
 
+/* How many threads this process has now (/proc/self/task), or -1. */
+int mp_threads(void);
+
 /* Prints "[rank R] ..." to stderr (R is this child's rank, or "parent"). */
 void mp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

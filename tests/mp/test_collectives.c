@@ -227,6 +227,37 @@ Test(collectives, ring_reducer_every_frame_ranks4_wires3, .timeout = 120)
     run_reducer_job(4, 3, "1", "1");
 }
 
+/* Sends written by TCP's sending thread (WEFT_SEND_THREAD=1, whatever
+ * the host's cores): every batch from 1 byte on (min "1"), or batches of
+ * 8 KiB and more only, so that a wire's small batches leave from
+ * progress() between the thread's and must still leave in order; with
+ * the reducer thread on and off. One host's ranks over loopback TCP. */
+static void run_send_thread_job(int nranks, int wires, const char *topology,
+                                const char *min_bytes, const char *reducer)
+{
+    setenv("WEFT_SHM", "0", 1);
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", min_bytes, 1);
+    setenv("WEFT_REDUCE_THREAD", reducer, 1);
+    setenv("WEFT_REDUCE_THREAD_MIN_BYTES", "1", 1);
+    run_job(nranks, wires, topology);
+}
+
+Test(collectives, send_thread_every_batch_ring_ranks3_wires2, .timeout = 120)
+{
+    run_send_thread_job(3, 2, "ring", "1", "1");
+}
+
+Test(collectives, send_thread_every_batch_mesh_ranks4_wires1, .timeout = 120)
+{
+    run_send_thread_job(4, 1, "mesh", "1", "0");
+}
+
+Test(collectives, send_thread_large_batches_auto_ranks4_wires3, .timeout = 120)
+{
+    run_send_thread_job(4, 3, "auto", "8192", "1");
+}
+
 /* ---- short sends ----
  *
  * A send on a non-blocking socket may take fewer bytes than it was given
@@ -351,6 +382,15 @@ Test(collectives, short_sends_reducer_ranks4_wires3, .timeout = 120)
 Test(collectives, short_sends_inline_ranks3_wires3, .timeout = 120)
 {
     run_short_sends_job(3, 3, "0");
+}
+
+/* The sending thread's writes are as often short: it writes the rest
+ * itself, in order, before the wire's next batch. */
+Test(collectives, short_sends_send_thread_ranks3_wires2, .timeout = 120)
+{
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
+    run_short_sends_job(3, 2, "1");
 }
 
 /* Recursive halving + doubling where "auto" picks it, at rank counts that

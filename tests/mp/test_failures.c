@@ -378,12 +378,16 @@ static int peer_killed_mid_rank(int rank, int nranks, void *arg)
     return finalize_promptly(c, "after a peer killed mid-operation") || fail;
 }
 
-Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
+static void run_peer_killed_large(const char *send_thread)
 {
     static const struct mp_action kill2 = {
         .rank = 2, .point = 1, .kind = MP_ACT_SIGKILL};
     struct mp_opts o = fail_opts(3);
     setenv("WEFT_REDUCE_THREAD", "1", 1); /* whatever the host's cores */
+    setenv("WEFT_SEND_THREAD", send_thread, 1);
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
+    if (*send_thread == '1')
+        setenv("WEFT_SHM", "0", 1); /* TCP carries the data */
     o.wires = 2;
     o.actions = &kill2;
     o.nactions = 1;
@@ -393,6 +397,19 @@ Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
               "rank 2 was not killed at its point (last point %d)",
               res.rank[2].last_point);
     assert_job_passed(&res, "rank 2 SIGKILLed during large all_reduces");
+}
+
+Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
+{
+    run_peer_killed_large("0");
+}
+
+/* The same over loopback TCP with every batch written by its sending
+ * thread: a send to the dead peer fails there and is reported by
+ * progress(). */
+Test(failures, peer_killed_during_large_all_reduce_send_thread, .timeout = 120)
+{
+    run_peer_killed_large("1");
 }
 
 /* ---- (b) a stopped peer, then a fresh 2-rank communicator ---- */
@@ -469,6 +486,86 @@ Test(failures, stopped_peer_then_reinit, .timeout = 120)
 Test(failures, mesh_stopped_peer_then_reinit, .timeout = 120)
 {
     run_stopped_peer(mesh_fail_opts(3));
+}
+
+/* ---- (b2) TCP's sending thread, held by a stopped peer ---- */
+
+#define HELD_COUNT                                                             \
+    ((size_t)8 << 20) /* 32 MiB of int32: more than sockets hold */
+#define HELD_TIMEOUT_MS 1500
+
+/* Over loopback TCP, the large batches leave from the sending thread
+ * (WEFT_SEND_THREAD=1; the reducer off, so that the thread counted is
+ * that one, started by the first large call). Rank 1
+ * stops (SIGSTOP) after a checked large all_reduce; rank 0's next one
+ * fills the socket to it, so the sending thread waits for room: the call
+ * fails at its deadline, weft_finalize returns promptly, and the thread
+ * is gone. */
+static int send_thread_held_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c;
+    int32_t *buf;
+    int base, with, rc, fail = 0;
+    double t0, dt;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    base = mp_threads();
+    if (checked_all_reduce(c, rank, nranks, 0, (size_t)1 << 20)) {
+        weft_finalize(c);
+        return 1;
+    }
+    with = mp_threads();
+    if (with != base + 1) {
+        mp_log("%d threads before a large all_reduce, %d after: expected "
+               "the sending thread only",
+               base, with);
+        fail = 1;
+    }
+    if (rank == 1) {
+        raise(SIGSTOP); /* the harness SIGKILLs it once rank 0 ends */
+        mp_log("continued after SIGSTOP");
+        weft_finalize(c);
+        return 1;
+    }
+    buf = mp_alloc(HELD_COUNT * sizeof *buf);
+    for (size_t i = 0; i < HELD_COUNT; i++)
+        buf[i] = (int32_t)i;
+    weft_set_timeout(c, HELD_TIMEOUT_MS);
+    t0 = mp_now_ms();
+    rc = weft_all_reduce(c, buf, buf, HELD_COUNT, WEFT_INT32, WEFT_SUM);
+    dt = mp_now_ms() - t0;
+    free(buf);
+    if (rc != WEFT_ETIMEDOUT || dt < HELD_TIMEOUT_MS - 10 ||
+        dt > 2.0 * HELD_TIMEOUT_MS) {
+        mp_log("all_reduce to a stopped peer: %s after %.0f ms (%s); "
+               "expected WEFT_ETIMEDOUT at %d ms",
+               weft_err_name(rc), dt, weft_last_error(c), HELD_TIMEOUT_MS);
+        fail = 1;
+    }
+    fail |= finalize_promptly(c, "with the sending thread held");
+    if (mp_threads() > base) {
+        mp_log("%d threads after weft_finalize, %d before the large calls",
+               mp_threads(), base);
+        fail = 1;
+    }
+    return fail;
+}
+
+Test(failures, send_thread_held_by_stopped_peer, .timeout = 120)
+{
+    struct mp_opts o = fail_opts(2);
+    struct mp_result res;
+
+    setenv("WEFT_SHM", "0", 1);
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_REDUCE_THREAD", "0", 1);
+    o.linger_mask = 1u << 1;
+    cr_assert_eq(mp_run(&o, send_thread_held_rank, NULL, &res), 0);
+    assert_job_passed(&res, "rank 1 stopped, rank 0's sends held");
+    cr_assert(res.rank[1].lingered,
+              "rank 1 was not still stopped when rank 0 ended");
 }
 
 /* ---- (c) weft_abort from a second thread ---- */
@@ -937,6 +1034,20 @@ Test(env, wires_not_a_number, .timeout = 30)
     env_valid(&d);
     setenv("WEFT_WIRES", "abc", 1);
     expect_econfig((const char *const[]){"WEFT_WIRES", NULL}, NULL);
+    env_dir_remove(&d);
+}
+
+Test(env, send_thread_settings_out_of_range, .timeout = 30)
+{
+    struct env_dir d;
+    env_dir_make(&d);
+    env_valid(&d);
+    setenv("WEFT_SEND_THREAD", "2", 1);
+    expect_econfig((const char *const[]){"WEFT_SEND_THREAD", NULL}, NULL);
+    unsetenv("WEFT_SEND_THREAD");
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", "0", 1);
+    expect_econfig((const char *const[]){"WEFT_SEND_THREAD_MIN_BYTES", NULL},
+                   NULL);
     env_dir_remove(&d);
 }
 

@@ -18,7 +18,6 @@
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <errno.h>
 #include <linux/capability.h>
 #include <pthread.h>
@@ -77,22 +76,6 @@ static void run_job_env(int nranks, mp_rank_fn fn, void *arg,
 static void run_job(int nranks, mp_rank_fn fn, void *arg, const char *what)
 {
     run_job_env(nranks, fn, arg, "3", what);
-}
-
-/* This process's threads. */
-static int threads_now(void)
-{
-    DIR *d = opendir("/proc/self/task");
-    struct dirent *e;
-    int n = 0;
-
-    if (d == NULL)
-        return -1;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n;
 }
 
 /* ---- results ---- */
@@ -262,7 +245,7 @@ static int threads_rank(int rank, int nranks, void *arg)
             return 1;
         }
     }
-    before = threads_now();
+    before = mp_threads();
     for (int round = 0; round < 2 && !fail; round++) {
         weft_comm *c;
         float small[2] = {1, 2};
@@ -273,7 +256,7 @@ static int threads_rank(int rank, int nranks, void *arg)
         if ((rc = weft_all_reduce(c, small, small, 2, WEFT_FLOAT32,
                                   WEFT_SUM)) != WEFT_OK)
             return mp_report_rc(c, "small all_reduce", rc);
-        after_small = threads_now();
+        after_small = mp_threads();
         for (size_t i = 0; i < n; i++)
             v[i] = (float)(rank + (int)(i % 1000));
         if ((rc = weft_all_reduce(c, v, v, n, WEFT_FLOAT32, WEFT_SUM)) !=
@@ -286,10 +269,10 @@ static int threads_rank(int rank, int nranks, void *arg)
                 fail = 1;
                 break;
             }
-        shm()->threads_added[rank] = threads_now() - after_small;
+        shm()->threads_added[rank] = mp_threads() - after_small;
         if (weft_finalize(c) != WEFT_OK)
             fail = 1;
-        shm()->threads_left[rank] = threads_now() - before;
+        shm()->threads_left[rank] = mp_threads() - before;
         if (shm()->threads_added[rank] != (refused ? 0 : THREADS - 1) ||
             shm()->threads_left[rank] != 0) {
             mp_log("round %d: the large all_reduce added %d threads (%d "

@@ -15,9 +15,6 @@
 #include <string.h>
 #include <sys/socket.h>
 
-/* Frames per write: enough to batch a pump's worth of posts. */
-#define BATCH_MAX 64
-
 /* A plain send of what the socket takes now, with no signal: the bytes
  * sent, 0 when it would block, or a negative libuv error. Only where no
  * earlier batch of k is with libuv, or the order would break: a batch sent
@@ -286,14 +283,8 @@ static void complete_batch(tcp_tp *tp, wreq *w)
     }
 }
 
-static void data_write_cb(uv_write_t *req, int status)
+void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
 {
-    wreq *w = (wreq *)req;
-    conn *k = req->handle->data;
-    tcp_tp *tp = k->tp;
-
-    weft__tcp_write_done(tp);
-    k->uv_batches--;
     if (tp->shut || status < 0) {
         w->next = tp->free_wreqs;
         tp->free_wreqs = w;
@@ -305,6 +296,34 @@ static void data_write_cb(uv_write_t *req, int status)
         return;
     }
     complete_batch(tp, w);
+}
+
+static void data_write_cb(uv_write_t *req, int status)
+{
+    wreq *w = (wreq *)req;
+    conn *k = req->handle->data;
+    tcp_tp *tp = k->tp;
+
+    weft__tcp_write_done(tp);
+    k->uv_batches--;
+    weft__tcp_batch_done(tp, k, w, status);
+}
+
+/* Whether k's batch of bufs[0..n) goes to the sending thread (tcp.h):
+ * where it runs, none of k's batches is with libuv, and the batch is large
+ * or an earlier one of k is with the thread. */
+static int for_thread(const tcp_tp *tp, const conn *k, const uv_buf_t *bufs,
+                      int n)
+{
+    size_t bytes = 0;
+
+    if (!tp->cfg->send_thread || tp->tx_failed || k->uv_batches != 0)
+        return 0;
+    if (k->tx_batches != 0)
+        return 1;
+    for (int i = 0; i < n; i++)
+        bytes += bufs[i].len;
+    return bytes >= tp->cfg->send_thread_min_bytes;
 }
 
 /* Puts k on tp's list of connections with sends to write. */
@@ -361,6 +380,12 @@ static void tcp_flush(tcp_tp *tp)
                 k->sq_tail = NULL;
             else
                 mark_dirty(tp, k);
+        }
+        if (for_thread(tp, k, bufs, n)) {
+            memcpy(r->bufs, bufs, (size_t)n * sizeof *bufs);
+            r->nb = n;
+            if (weft__tcp_tx_hand(tp, k, r) == 0)
+                continue;
         }
         /* Try a plain writev first: when the socket takes the whole batch
          * (small frames usually), no write request is made, and libuv
@@ -474,6 +499,7 @@ int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
  * for posted receives, relayed chunks for posted relay receives. */
 static void tcp_handoff(tcp_tp *tp)
 {
+    weft__tcp_tx_collect(tp);
     tcp_flush(tp);
     while (tp->rx_dirty != NULL && tp->err == 0) {
         conn *k = tp->rx_dirty;
@@ -495,6 +521,7 @@ static int spin_pass(void *arg)
     tcp_tp *tp = arg;
 
     weft__tcp_run(tp, UV_RUN_NOWAIT);
+    weft__tcp_tx_collect(tp);
     return tp->err;
 }
 
@@ -533,6 +560,7 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
     uint64_t slept = weft__now_ns();
     uv_timer_start(&tp->timer, weft__tcp_timer_cb, deadline_ms - now, 0);
     weft__tcp_run(tp, UV_RUN_ONCE);
+    weft__tcp_tx_collect(tp);
     if (tp->err != 0)
         return tp->err;
     /* A turn that ended with nothing done (the loop's housekeeping timer)

@@ -176,6 +176,9 @@ static void tcp_shutdown(weft__tp *t)
     if (tp == NULL)
         return;
     tp->shut = 1;
+    /* The sending thread first: it writes to the connections closed
+     * below, from buffers the caller gets back once this returns. */
+    weft__tcp_tx_stop(tp);
     /* No more connect retries: the slots are emptied below, and a retry
      * would open new connections while we wait for these to close. */
     uv_timer_stop(&tp->housekeep);

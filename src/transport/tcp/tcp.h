@@ -41,9 +41,14 @@
  * failed stops listening at once, so the peer's new one is refused until
  * the process binds the port anew.
  *
- * Everything runs on the calling thread inside progress(); there is no
- * background thread. weft_abort() reaches a blocked progress() through a
- * uv_async_t.
+ * Everything runs on the calling thread inside progress(), but for the
+ * sending thread (tx.c, WEFT_SEND_THREAD): where it runs, a batch of at
+ * least WEFT_SEND_THREAD_MIN_BYTES for one connection (and every later
+ * batch of that connection while one is with the thread) is handed to it,
+ * written there with send(), and handed back; its completions run inside
+ * progress() as ever. A connection's batches go to libuv or to the thread,
+ * never to both at once, so they leave in order. weft_abort() and the
+ * sending thread reach a blocked progress() through a uv_async_t.
  */
 
 #ifndef WEFT_TRANSPORT_TCP_H
@@ -52,6 +57,9 @@
 #include "transport/common.h"
 #include "transport/transport.h"
 
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -71,6 +79,7 @@
 #define RX_CAP (256 * 1024)       /* read-ahead per connection */
 #define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
 #define RETRY_MS 25
+#define BATCH_MAX 64 /* frames per write */
 
 typedef struct tcp_tp tcp_tp;
 
@@ -119,6 +128,7 @@ typedef struct conn {
      * while its callback still waits for the next turn of the loop: a
      * later batch must not complete before it (data.c, try_send). */
     int uv_batches;
+    int tx_batches; /* batches with the sending thread (tx.c) */
     /* Bytes read ahead of the posted receives: a wire keeps reading once
      * started (restarting a read costs epoll_ctl calls on every frame),
      * and small frames arrive several to a read. */
@@ -163,7 +173,32 @@ typedef struct wreq {
     weft__xfer *first;
     int n;
     struct wreq *next;
+    /* A batch with the sending thread: its connection and socket, what
+     * is left to write (bufs[at..nb), the first shortened as it goes) and
+     * how it ended (0, or libuv's code of the failure). */
+    conn *k;
+    int fd;
+    int nb, at;
+    int status;
+    uv_buf_t bufs[BATCH_MAX];
 } wreq;
+
+/* The sending thread (tx.c). The progress side hands batches over (in,
+ * under mu, and a write to efd); the thread writes them, each
+ * connection's in order, and hands them back (done, under mu; ndone for
+ * a look without the lock, and the transport's async to wake progress()). */
+typedef struct tcp_tx {
+    pthread_t th;
+    pthread_mutex_t mu;
+    int efd;  /* eventfd: batches handed over, or stop */
+    int stop; /* under mu */
+    wreq *in_head, *in_tail;
+    wreq *done_head, *done_tail;
+    _Atomic int ndone;
+    int nfds;          /* room in pf: connections + 1 */
+    struct pollfd *pf; /* the thread's */
+    int inflight;      /* handed over, not yet back (progress side) */
+} tcp_tx;
 
 /* A relayed chunk: header fields and its bytes (owned). */
 typedef struct rchunk {
@@ -204,15 +239,17 @@ struct tcp_tp {
      * from inside it would escape the SIGPIPE guard), oldest first. */
     struct rchunk *fwd_head, *fwd_tail;
     weft__xfer *rrecv;
-    int relay_ready;  /* posted receives may match pending chunks */
-    unsigned events;  /* completions and wake-ups, for spinning */
-    unsigned ends;    /* streams that ended (a peer closed or reset) */
+    int relay_ready; /* posted receives may match pending chunks */
+    unsigned events; /* completions and wake-ups, for spinning */
+    unsigned ends;   /* streams that ended (a peer closed or reset) */
     /* Settings every rank must share, carried in hellos and answers:
      * wires per link (WEFT_WIRES), and whether shared memory carries the
      * data between ranks of a host (WEFT_SHM; then loopback connections
      * are for set-up and liveness only). */
     uint32_t wires, shm;
-    int uv_writes;    /* libuv write requests whose callback has not run */
+    int uv_writes;   /* libuv write requests whose callback has not run */
+    tcp_tx *tx;      /* the sending thread, once started (tx.c) */
+    int tx_failed;   /* it could not start, or stopped: not again */
     weft__spin spin; /* poll before sleeping (transport/common.h) */
 };
 
@@ -239,6 +276,22 @@ int weft__tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x);
 int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x);
 int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms);
 void weft__tcp_wake(weft__tp *t);
+
+/* tx.c: the sending thread. weft__tcp_tx_hand hands w (k's batch, its
+ * bufs and nb filled) over, starting the thread if it is not running;
+ * 0, or -1 where it cannot run (the caller writes the batch itself).
+ * weft__tcp_tx_collect runs the completions of what came back (inside
+ * progress() only). weft__tcp_tx_stop ends the thread (a batch it was
+ * writing stays half-written: the communicator failed or finalized) and
+ * hands every batch it held back to the free list, uncompleted (shutdown,
+ * before any connection closes). */
+int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w);
+void weft__tcp_tx_collect(tcp_tp *tp);
+void weft__tcp_tx_stop(tcp_tp *tp);
+
+/* data.c, for tx.c: a batch that left (or failed), as libuv's callback
+ * would have it. */
+void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status);
 
 /* handshake.c: the listener's and the housekeeping timer's callbacks. */
 void weft__tcp_on_connection(uv_stream_t *server, int status);
