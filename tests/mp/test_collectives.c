@@ -235,6 +235,7 @@ Test(collectives, ring_reducer_every_frame_ranks4_wires3, .timeout = 120)
 static void run_send_thread_job(int nranks, int wires, const char *topology,
                                 const char *min_bytes, const char *reducer)
 {
+    setenv("WEFT_TRANSPORT", "tcp", 1);
     setenv("WEFT_SHM", "0", 1);
     setenv("WEFT_SEND_THREAD", "1", 1);
     setenv("WEFT_SEND_THREAD_MIN_BYTES", min_bytes, 1);
@@ -388,6 +389,7 @@ Test(collectives, short_sends_inline_ranks3_wires3, .timeout = 120)
  * itself, in order, before the wire's next batch. */
 Test(collectives, short_sends_send_thread_ranks3_wires2, .timeout = 120)
 {
+    setenv("WEFT_TRANSPORT", "tcp", 1);
     setenv("WEFT_SEND_THREAD", "1", 1);
     setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
     run_short_sends_job(3, 2, "1");

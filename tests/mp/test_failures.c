@@ -386,8 +386,10 @@ static void run_peer_killed_large(const char *send_thread)
     setenv("WEFT_REDUCE_THREAD", "1", 1); /* whatever the host's cores */
     setenv("WEFT_SEND_THREAD", send_thread, 1);
     setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
-    if (*send_thread == '1')
-        setenv("WEFT_SHM", "0", 1); /* TCP carries the data */
+    if (*send_thread == '1') { /* TCP carries the data */
+        setenv("WEFT_TRANSPORT", "tcp", 1);
+        setenv("WEFT_SHM", "0", 1);
+    }
     o.wires = 2;
     o.actions = &kill2;
     o.nactions = 1;
@@ -558,6 +560,8 @@ Test(failures, send_thread_held_by_stopped_peer, .timeout = 120)
     struct mp_opts o = fail_opts(2);
     struct mp_result res;
 
+    /* TCP's, whatever transport the suite runs over (tests/rdma). */
+    setenv("WEFT_TRANSPORT", "tcp", 1);
     setenv("WEFT_SHM", "0", 1);
     setenv("WEFT_SEND_THREAD", "1", 1);
     setenv("WEFT_REDUCE_THREAD", "0", 1);
