@@ -159,6 +159,21 @@ HIER_TEST(4, ring, 2, 4096)
 HIER_TEST(6, auto, 1, 4096)
 HIER_TEST(6, ring, 1, 0)
 
+/* The same with the wires between the hosts TCP's, every batch written by
+ * its sending thread (shared memory within the hosts hands the TCP
+ * transport its posts and waits on its events). */
+Test(collectives, hier_auto_ranks4_wires1_send_thread, .timeout = 120)
+{
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
+    setenv("WEFT_HIER", "1", 1);
+    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
+    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
+    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    setenv("WEFT_HIER_BROADCAST_BYTES", "0", 1);
+    run_job_layout(4, 1, "auto", "4096", MP_LAYOUT_PAIRS);
+}
+
 SHM_TEST(3, ring)
 SHM_TEST(3, mesh)
 SHM_TEST(4, auto)
