@@ -232,7 +232,10 @@ WEFT_EXPORT int weft_recv(weft_comm *c, void *buf, size_t count,
 /* Sends count elements of sendbuf to peer dst while receiving count
  * elements from peer src into recvbuf, at the same time (so a ring of
  * sendrecv calls cannot deadlock, and both directions of a link carry
- * data). dst and src may be the same peer; neither may be this rank. */
+ * data). dst and src may be the same peer; neither may be this rank.
+ * sendbuf == recvbuf (or buffers that overlap) is the in-place form: what
+ * the buffer held when the operation started is sent, and the peer's
+ * elements replace it. */
 WEFT_EXPORT int weft_sendrecv(weft_comm *c, const void *sendbuf, int dst,
                               void *recvbuf, int src, size_t count,
                               weft_dtype dtype);

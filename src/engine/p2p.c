@@ -8,6 +8,9 @@
 
 #include "transport/transport.h"
 
+#include <stdint.h>
+#include <string.h>
+
 int weft__sendrecv_post(weft__task *t)
 {
     weft__ctx *c = t->c;
@@ -20,10 +23,27 @@ int weft__sendrecv_post(weft__task *t)
     int ddst = relay_dst ? -1 : dst, dsrc = relay_src ? -1 : src;
     weft__relay relay = {a->sendbuf, relay_dst ? dst : -1, a->recvbuf,
                          relay_src ? src : -1, 0};
+    const void *sendbuf = a->sendbuf;
     weft__op op;
+    int rc;
 
     weft__op_init(&op, a->dtype, WEFT_SUM);
     relay.nbytes = a->count * op.esize;
+    /* In place, or buffers that overlap: bytes may arrive (a peer sends
+     * when it likes) before this rank's own have all left, so these leave
+     * from a copy made now, once every earlier operation has ended (API:
+     * an operation sees their results). */
+    if (dst >= 0 && src >= 0 &&
+        (uintptr_t)a->sendbuf < (uintptr_t)a->recvbuf + relay.nbytes &&
+        (uintptr_t)a->recvbuf < (uintptr_t)a->sendbuf + relay.nbytes) {
+        void *copy;
+
+        if ((rc = weft__scratch(c, relay.nbytes, &copy)) != 0)
+            return rc;
+        memcpy(copy, a->sendbuf, relay.nbytes);
+        sendbuf = copy;
+        relay.sendbuf = copy;
+    }
     if (ddst >= 0 || dsrc >= 0) {
         weft__step *st = weft__op_steps(&op, 0, 1);
 
@@ -32,7 +52,7 @@ int weft__sendrecv_post(weft__task *t)
         op.lanes[0].recv_peer = dsrc;
         if (st != NULL) {
             if (ddst >= 0) {
-                st[0].send_buf = a->sendbuf;
+                st[0].send_buf = sendbuf;
                 st[0].send_len = relay.nbytes;
             }
             if (dsrc >= 0) {

@@ -254,6 +254,86 @@ static int mixed_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
+/* ---- sendrecv in place ----
+ *
+ * sendbuf == recvbuf (and buffers that overlap): a shift around the ring
+ * (to the next rank, from the previous), sizes from a few bytes to several
+ * frames; bytes of the peer may arrive before this rank's own have left,
+ * so this rank's must not be overwritten first. Then a posted all_reduce
+ * and a posted sendrecv in place on the same buffer: the sendrecv sends
+ * the all_reduce's result, not what the buffer held when it was posted. */
+static const size_t inplace_counts[] = {1, 25, 16385, (size_t)1 << 20};
+
+static int32_t inplace_value(int rank, size_t i, int salt)
+{
+    return (int32_t)(i * 2654435761u + (size_t)rank * 40503u + (size_t)salt);
+}
+
+static int inplace_rank(int rank, int nranks, void *arg)
+{
+    const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    const size_t most = (size_t)1 << 20, shift = 250; /* overlap: 1000 B */
+    int32_t *buf = mp_alloc((most + shift) * sizeof *buf);
+    weft_request *req[2];
+    weft_comm *c;
+    int rc, fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t k = 0; k < NELEMS(inplace_counts) && !fail; k++) {
+        size_t n = inplace_counts[k];
+
+        for (int over = 0; over < 2 && !fail; over++) {
+            /* over: recvbuf starts `shift` elements past sendbuf. */
+            int32_t *rb = buf + (over ? shift : 0);
+
+            for (size_t i = 0; i < n; i++)
+                buf[i] = inplace_value(rank, i, (int)k);
+            rc = weft_sendrecv(c, buf, next, rb, prev, n, WEFT_INT32);
+            if (rc != WEFT_OK)
+                return mp_report_rc(c, "sendrecv in place", rc);
+            for (size_t i = 0; i < n && !fail; i++)
+                if (rb[i] != inplace_value(prev, i, (int)k)) {
+                    mp_log("sendrecv of %zu int32 %s: element %zu is %d, "
+                           "rank %d sent %d",
+                           n, over ? "into an overlapping buffer" : "in place",
+                           i, rb[i], prev, inplace_value(prev, i, (int)k));
+                    fail = 1;
+                }
+        }
+    }
+    /* Posted behind an all_reduce on the same buffer. */
+    for (size_t i = 0; i < most && !fail; i++)
+        buf[i] = inplace_value(rank, i, 99);
+    if (!fail && ((rc = weft_iall_reduce(c, buf, buf, most, WEFT_INT32,
+                                         WEFT_SUM, &req[0])) != WEFT_OK ||
+                  (rc = weft_isendrecv(c, buf, next, buf, prev, most,
+                                       WEFT_INT32, &req[1])) != WEFT_OK ||
+                  (rc = weft_wait_all(req, 2)) != WEFT_OK))
+        return mp_report_rc(c, "iall_reduce then isendrecv in place", rc);
+    for (size_t i = 0; i < most && !fail; i++) {
+        int32_t want = 0;
+
+        for (int r = 0; r < nranks; r++)
+            want =
+                (int32_t)((uint32_t)want + (uint32_t)inplace_value(r, i, 99));
+        if (buf[i] != want) {
+            mp_log("isendrecv in place behind an iall_reduce: element %zu "
+                   "is %d, the all_reduce's result is %d",
+                   i, buf[i], want);
+            fail = 1;
+        }
+    }
+    if (!fail) {
+        weft_request_free(req[0]);
+        weft_request_free(req[1]);
+    }
+    free(buf);
+    rc = weft_finalize(c);
+    return fail || rc != WEFT_OK;
+}
+
 static void run_job(mp_rank_fn fn, int nranks, int wires)
 {
     /* Split p2p transfers over the wires from 8 KiB on, so that the sizes
@@ -275,6 +355,30 @@ static void run_job(mp_rank_fn fn, int nranks, int wires)
 Test(p2p, pairs_2ranks_3wires, .timeout = 120) { run_job(pairs_rank, 2, 3); }
 Test(p2p, pairs_3ranks_3wires, .timeout = 120) { run_job(pairs_rank, 3, 3); }
 Test(p2p, pairs_4ranks_3wires, .timeout = 120) { run_job(pairs_rank, 4, 3); }
+
+/* Over shared memory (rings and one-copy reads) and over TCP (several
+ * wires; its sending thread on for every batch). */
+Test(p2p, sendrecv_in_place_shm_3ranks, .timeout = 120)
+{
+    setenv("WEFT_SHM", "1", 1);
+    run_job(inplace_rank, 3, 1);
+}
+
+Test(p2p, sendrecv_in_place_tcp_2ranks_2wires, .timeout = 120)
+{
+    setenv("WEFT_TRANSPORT", "tcp", 1);
+    setenv("WEFT_SHM", "0", 1);
+    run_job(inplace_rank, 2, 2);
+}
+
+Test(p2p, sendrecv_in_place_tcp_send_thread_3ranks, .timeout = 120)
+{
+    setenv("WEFT_TRANSPORT", "tcp", 1);
+    setenv("WEFT_SHM", "0", 1);
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
+    run_job(inplace_rank, 3, 1);
+}
 
 Test(p2p, mixed_2ranks_1wire, .timeout = 120) { run_job(mixed_rank, 2, 1); }
 Test(p2p, mixed_3ranks_3wires, .timeout = 120) { run_job(mixed_rank, 3, 3); }
