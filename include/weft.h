@@ -194,8 +194,10 @@ WEFT_EXPORT int weft_abort(weft_comm *c);
  * Collectives must be called by every rank, in the same order, with the
  * same count, dtype, op and root (else WEFT_EMISMATCH, see the top).
  *
- * sendbuf == recvbuf is the in-place form. Results of weft_all_reduce are
- * bitwise identical on every rank (the same reduction order everywhere). */
+ * sendbuf == recvbuf is the in-place form; buffers that overlap otherwise
+ * (here and in the two below, but for their in-place forms) are
+ * WEFT_EINVAL. Results of weft_all_reduce are bitwise identical on every
+ * rank (the same reduction order everywhere). */
 WEFT_EXPORT int weft_all_reduce(weft_comm *c, const void *sendbuf,
                                 void *recvbuf, size_t count, weft_dtype dtype,
                                 weft_redop op);

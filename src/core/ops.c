@@ -94,6 +94,29 @@ static int post(weft_comm *c, int rc, const weft__opdesc *d, weft_request **req)
 
 /* ---- the operations, checked ---- */
 
+/* Whether sendbuf and recvbuf (blocks of `block` bytes) overlap other
+ * than in an in-place form (weft.h): all_reduce only as one buffer;
+ * all_gather with sendbuf at recvbuf's first block or this rank's;
+ * reduce_scatter with recvbuf at sendbuf's first block or this rank's.
+ * Any other overlap would have received bytes overwrite ones still to be
+ * sent (wrong results, silently). */
+static int bad_overlap(const weft_comm *c, int kind, const void *sendbuf,
+                       const void *recvbuf, size_t block)
+{
+    const uintptr_t s = (uintptr_t)sendbuf, r = (uintptr_t)recvbuf;
+    const size_t n = (size_t)c->x.nranks, me = (size_t)c->x.rank;
+    const size_t sb = kind == WEFT__OP_REDUCE_SCATTER ? block * n : block;
+    const size_t rb = kind == WEFT__OP_ALL_GATHER ? block * n : block;
+
+    if (s + sb <= r || r + rb <= s || s == r)
+        return 0;
+    if (kind == WEFT__OP_ALL_GATHER && s == r + me * block)
+        return 0;
+    if (kind == WEFT__OP_REDUCE_SCATTER && r == s + me * block)
+        return 0;
+    return 1;
+}
+
 /* all_reduce (has_op, one block), all_gather and reduce_scatter (mult
  * blocks of count elements in the larger buffer; reduce_scatter has_op). */
 static int two_buffers(weft_comm *c, const char *name, int kind,
@@ -111,6 +134,17 @@ static int two_buffers(weft_comm *c, const char *name, int kind,
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0)
         return DONE_NOW;
+    if (bad_overlap(c, kind, sendbuf, recvbuf,
+                    count * weft_dtype_size(dtype)))
+        return inval(c,
+                     "%s: sendbuf and recvbuf overlap, and not in an in-place "
+                     "form (the same buffer%s)",
+                     name,
+                     kind == WEFT__OP_ALL_GATHER
+                         ? ", or sendbuf at this rank's block of recvbuf"
+                     : kind == WEFT__OP_REDUCE_SCATTER
+                         ? ", or recvbuf at this rank's block of sendbuf"
+                         : "");
     if (c->x.nranks == 1) {
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return DONE_NOW;

@@ -735,6 +735,18 @@ static int bad_args_rank(int rank, int nranks, void *arg)
     EXPECT_EINVAL(weft_send(c, NULL, 4, WEFT_FLOAT32, peer));
     EXPECT_EINVAL(weft_recv(c, NULL, 4, WEFT_FLOAT32, peer));
 
+    /* Buffers that overlap, but not in an in-place form (weft.h): received
+     * bytes would overwrite ones still to be sent. */
+    EXPECT_EINVAL(weft_all_reduce(c, fr, fr + 1, 4, WEFT_FLOAT32, WEFT_SUM));
+    EXPECT_EINVAL(weft_all_reduce(c, fr + 3, fr, 4, WEFT_FLOAT32, WEFT_SUM));
+    EXPECT_EINVAL(weft_all_gather(c, fr + 2, fr, 4, WEFT_FLOAT32));
+    EXPECT_EINVAL(
+        weft_all_gather(c, fr + 4 * (size_t)n - 2, fr, 4, WEFT_FLOAT32));
+    EXPECT_EINVAL(
+        weft_reduce_scatter(c, fr, fr + 2, 4, WEFT_FLOAT32, WEFT_SUM));
+    EXPECT_EINVAL(
+        weft_reduce_scatter(c, fr + 1, fr, 4, WEFT_FLOAT32, WEFT_SUM));
+
     /* Unknown dtypes. */
     EXPECT_EINVAL(weft_all_reduce(c, fb, fr, 4, bad_dt, WEFT_SUM));
     EXPECT_EINVAL(weft_all_reduce(c, fb, fr, 4, neg_dt, WEFT_SUM));
