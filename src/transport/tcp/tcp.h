@@ -197,7 +197,6 @@ typedef struct tcp_tx {
     _Atomic int ndone;
     int nfds;          /* room in pf: connections + 1 */
     struct pollfd *pf; /* the thread's */
-    int inflight;      /* handed over, not yet back (progress side) */
 } tcp_tx;
 
 /* A relayed chunk: header fields and its bytes (owned). */

@@ -241,11 +241,11 @@ int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w)
     tcp_tx *t;
     ssize_t r;
 
-    if (k->tx_batches == 0 && ((tp->tx == NULL && tx_start(tp) != 0) ||
-                               uv_fileno((const uv_handle_t *)&k->h, &fd) != 0))
+    /* Only where none of k's batches is with the thread: while one is,
+     * the thread runs, and k's socket stays open until shutdown. */
+    if ((tp->tx == NULL && tx_start(tp) != 0) ||
+        uv_fileno((const uv_handle_t *)&k->h, &fd) != 0)
         return -1;
-    if (k->tx_batches != 0 && uv_fileno((const uv_handle_t *)&k->h, &fd) != 0)
-        return -1; /* never: a connection closes at shutdown only */
     t = tp->tx;
     w->k = k;
     w->fd = fd;
@@ -253,7 +253,6 @@ int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w)
     w->status = 0;
     w->next = NULL;
     k->tx_batches++;
-    t->inflight++;
     pthread_mutex_lock(&t->mu);
     if (t->in_head == NULL)
         t->in_head = w;
@@ -279,11 +278,9 @@ void weft__tcp_tx_collect(tcp_tp *tp)
     atomic_store_explicit(&t->ndone, 0, memory_order_relaxed);
     pthread_mutex_unlock(&t->mu);
     /* The counts first: a completion may fail the call, and shutdown
-     * then frees the thread. */
-    for (wreq *y = w; y != NULL; y = y->next) {
+     * then closes and frees the connections. */
+    for (wreq *y = w; y != NULL; y = y->next)
         y->k->tx_batches--;
-        t->inflight--;
-    }
     while (w != NULL) {
         wreq *next = w->next;
 
