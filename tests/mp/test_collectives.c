@@ -142,16 +142,22 @@ Test(collectives, shm_one_copy_reads_auto_ranks4, .timeout = 120)
  * from blocks of `blk` bytes, and broadcast (the ring's chain across the
  * mesh) from buffers of `blk` bytes (0: every count; 4096: the counts
  * around the frame run hierarchically, the small ones flat). */
+static void run_hier_job(int nranks, const char *topology, int wires,
+                         const char *blk)
+{
+    setenv("WEFT_HIER", "1", 1);
+    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
+    setenv("WEFT_HIER_ALL_GATHER_BYTES", blk, 1);
+    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", blk, 1);
+    setenv("WEFT_HIER_BROADCAST_BYTES", blk, 1);
+    run_job_layout(nranks, wires, topology, "4096", MP_LAYOUT_PAIRS);
+}
+
 #define HIER_TEST(n, topo, w, blk)                                             \
     Test(collectives, hier_##topo##_ranks##n##_wires##w##_from##blk,           \
          .timeout = 120)                                                       \
     {                                                                          \
-        setenv("WEFT_HIER", "1", 1);                                           \
-        setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);                          \
-        setenv("WEFT_HIER_ALL_GATHER_BYTES", #blk, 1);                         \
-        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", #blk, 1);                     \
-        setenv("WEFT_HIER_BROADCAST_BYTES", #blk, 1);                          \
-        run_job_layout(n, w, #topo, "4096", MP_LAYOUT_PAIRS);                  \
+        run_hier_job(n, #topo, w, #blk);                                       \
     }
 
 HIER_TEST(4, auto, 1, 0)
@@ -166,12 +172,7 @@ Test(collectives, hier_auto_ranks4_wires1_send_thread, .timeout = 120)
 {
     setenv("WEFT_SEND_THREAD", "1", 1);
     setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
-    setenv("WEFT_HIER", "1", 1);
-    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
-    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
-    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
-    setenv("WEFT_HIER_BROADCAST_BYTES", "0", 1);
-    run_job_layout(4, 1, "auto", "4096", MP_LAYOUT_PAIRS);
+    run_hier_job(4, "auto", 1, "0");
 }
 
 SHM_TEST(3, ring)
