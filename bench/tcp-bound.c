@@ -230,7 +230,6 @@ static int rank_lat(int me)
     return 0;
 }
 
-/* Streams `bytes` to next while taking `bytes` from prev. */
 /* -R: acc[i] += the received float i, for the floats of the first half
  * of the stream that arrived whole since the last call (*done of them
  * already added). */
@@ -248,9 +247,13 @@ static void reduce_arrived(float *acc, const char *rbuf, long long got,
         *done = upto;
 }
 
-static void stream_once(int out, int in, char *sbuf, char *rbuf, float *acc)
+/* Streams `bytes` to out while taking `bytes` from in; out < 0 (or in <
+ * 0): that half is someone else's (-T). */
+static void stream_once(int out, int in, const char *sbuf, char *rbuf,
+                        float *acc)
 {
-    long long sent = 0, got = 0, reduced = 0;
+    long long sent = out < 0 ? bytes : 0, got = in < 0 ? bytes : 0;
+    long long reduced = 0;
     struct pollfd pf[2];
 
     while (sent < bytes || got < bytes) {
@@ -290,7 +293,7 @@ static void stream_once(int out, int in, char *sbuf, char *rbuf, float *acc)
     }
 }
 
-/* -T: the sending half of stream_once, on a thread of its own. */
+/* -T: the sending half on a thread of its own. */
 struct sender {
     int out;
     const char *sbuf;
@@ -299,56 +302,20 @@ struct sender {
 static void *send_all(void *arg)
 {
     const struct sender *sd = arg;
-    long long sent = 0;
 
-    while (sent < bytes) {
-        long long want = bytes - sent < chunk ? bytes - sent : chunk;
-        struct pollfd pf = {.fd = sd->out, .events = POLLOUT};
-        ssize_t k;
-
-        if (spin)
-            sched_yield();
-        else if (poll(&pf, 1, 10000) <= 0)
-            die("poll");
-        k = send(sd->out, sd->sbuf + sent, (size_t)want,
-                 MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0)
-            sent += k;
-        else if (k < 0 && errno != EAGAIN && errno != EINTR)
-            die("send");
-    }
+    stream_once(sd->out, -1, sd->sbuf, NULL, NULL);
     return NULL;
 }
 
-static void stream_once_split(int out, int in, char *sbuf, char *rbuf,
+static void stream_once_split(int out, int in, const char *sbuf, char *rbuf,
                               float *acc)
 {
     struct sender sd = {out, sbuf};
-    long long got = 0, reduced = 0;
     pthread_t th;
 
     if ((errno = pthread_create(&th, NULL, send_all, &sd)) != 0)
         die("pthread_create");
-    while (got < bytes) {
-        long long want = bytes - got < chunk ? bytes - got : chunk;
-        struct pollfd pf = {.fd = in, .events = POLLIN};
-        ssize_t k;
-
-        if (spin)
-            sched_yield();
-        else if (poll(&pf, 1, 10000) <= 0)
-            die("poll");
-        k = recv(in, rbuf + got, (size_t)want, MSG_DONTWAIT);
-        if (k > 0) {
-            got += k;
-            if (acc != NULL)
-                reduce_arrived(acc, rbuf, got, &reduced);
-        } else if (k == 0) {
-            fprintf(stderr, "tcp-bound: peer closed\n");
-            exit(1);
-        } else if (errno != EAGAIN && errno != EINTR)
-            die("recv");
-    }
+    stream_once(-1, in, NULL, rbuf, acc);
     pthread_join(th, NULL);
 }
 
@@ -367,7 +334,7 @@ static int rank_stream(int me)
     connect_all(me, fd);
     for (int r = 0; r < rounds; r++) {
         double t0;
-        void (*once)(int, int, char *, char *, float *) =
+        void (*once)(int, int, const char *, char *, float *) =
             two_threads ? stream_once_split : stream_once;
 
         once(fd[next], fd[prev], sbuf, rbuf, acc); /* warm-up */
