@@ -378,32 +378,42 @@ static int peer_killed_mid_rank(int rank, int nranks, void *arg)
     return finalize_promptly(c, "after a peer killed mid-operation") || fail;
 }
 
-static void run_peer_killed_large(const char *send_thread)
+enum { OVER_DEFAULT, OVER_TCP, OVER_TCP_THREAD };
+
+/* Runs the kill job `jobs` times: over the default transport (shared
+ * memory on one host), or loopback TCP, with every batch written by its
+ * sending thread or by libuv. frame_bytes, where not NULL, is
+ * WEFT_FRAME_BYTES. */
+static void run_peer_killed_large(int over, const char *frame_bytes, int jobs)
 {
     static const struct mp_action kill2 = {
         .rank = 2, .point = 1, .kind = MP_ACT_SIGKILL};
     struct mp_opts o = fail_opts(3);
     setenv("WEFT_REDUCE_THREAD", "1", 1); /* whatever the host's cores */
-    setenv("WEFT_SEND_THREAD", send_thread, 1);
+    setenv("WEFT_SEND_THREAD", over == OVER_TCP_THREAD ? "1" : "0", 1);
     setenv("WEFT_SEND_THREAD_MIN_BYTES", "1", 1);
-    if (*send_thread == '1') { /* TCP carries the data */
+    if (over != OVER_DEFAULT) { /* TCP carries the data */
         setenv("WEFT_TRANSPORT", "tcp", 1);
         setenv("WEFT_SHM", "0", 1);
     }
+    if (frame_bytes != NULL)
+        setenv("WEFT_FRAME_BYTES", frame_bytes, 1);
     o.wires = 2;
     o.actions = &kill2;
     o.nactions = 1;
-    struct mp_result res;
-    cr_assert_eq(mp_run(&o, peer_killed_mid_rank, NULL, &res), 0);
-    cr_assert(res.rank[2].by_action && res.rank[2].signaled,
-              "rank 2 was not killed at its point (last point %d)",
-              res.rank[2].last_point);
-    assert_job_passed(&res, "rank 2 SIGKILLed during large all_reduces");
+    for (int j = 0; j < jobs; j++) {
+        struct mp_result res;
+        cr_assert_eq(mp_run(&o, peer_killed_mid_rank, NULL, &res), 0);
+        cr_assert(res.rank[2].by_action && res.rank[2].signaled,
+                  "job %d: rank 2 was not killed at its point (last point %d)",
+                  j, res.rank[2].last_point);
+        assert_job_passed(&res, "rank 2 SIGKILLed during large all_reduces");
+    }
 }
 
 Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
 {
-    run_peer_killed_large("0");
+    run_peer_killed_large(OVER_DEFAULT, NULL, 1);
 }
 
 /* The same over loopback TCP with every batch written by its sending
@@ -411,7 +421,27 @@ Test(failures, peer_killed_during_large_all_reduce, .timeout = 120)
  * progress(). */
 Test(failures, peer_killed_during_large_all_reduce_send_thread, .timeout = 120)
 {
-    run_peer_killed_large("1");
+    run_peer_killed_large(OVER_TCP_THREAD, NULL, 1);
+}
+
+/* Again, eight times, with frames of 1 MiB. A completion that sees the
+ * peer gone (a send posted on its closed wire) fails the transport in the
+ * middle of a batch; a later batch of the same wire, collected from the
+ * sending thread in the same turn, once ran its completions ahead of the
+ * frames left behind (engine.c's send order assertion, a crash). Each
+ * job caught it one time in about fifteen on a loaded 2-core host. */
+Test(failures, peer_killed_during_large_all_reduces_send_thread_repeated,
+     .timeout = 120)
+{
+    run_peer_killed_large(OVER_TCP_THREAD, "1048576", 8);
+}
+
+/* The same with libuv writing every batch: several writes of one wire
+ * complete in one turn of its loop. */
+Test(failures, peer_killed_during_large_all_reduces_tcp_repeated,
+     .timeout = 120)
+{
+    run_peer_killed_large(OVER_TCP, "1048576", 8);
 }
 
 /* ---- (b) a stopped peer, then a fresh 2-rank communicator ---- */

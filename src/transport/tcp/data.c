@@ -283,16 +283,19 @@ static void complete_batch(tcp_tp *tp, wreq *w)
     }
 }
 
+/* A batch of k has left (status 0) or failed. Once the transport has
+ * failed nothing more completes, as in complete_batch and rx_drain: a
+ * completion that failed it (a pump posting to a peer that has closed)
+ * cut its batch short, and a later batch of the same wire, written too
+ * (libuv's next write, or the sending thread's, collected together),
+ * would otherwise complete ahead of the frames left behind. */
 void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
 {
-    if (tp->shut || status < 0) {
+    if (tp->shut || tp->err != 0 || status < 0) {
         w->next = tp->free_wreqs;
         tp->free_wreqs = w;
-    }
-    if (tp->shut)
-        return;
-    if (status < 0) {
-        tx_failed(k, status);
+        if (!tp->shut && status < 0)
+            tx_failed(k, status);
         return;
     }
     complete_batch(tp, w);
