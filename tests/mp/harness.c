@@ -350,6 +350,56 @@ int mp_check_canary(const char *what, const char *which, const void *buf,
     return 1;
 }
 
+double mp_small_elem(int r, size_t i)
+{
+    return (double)(((uint64_t)r + mp_hash64(i) % 3) % 3 + 1);
+}
+
+double mp_small_expect(weft_redop op, int n, size_t i)
+{
+    double v = mp_small_elem(0, i);
+
+    for (int r = 1; r < n; r++) {
+        double e = mp_small_elem(r, i);
+        v = op == WEFT_SUM    ? v + e
+            : op == WEFT_PROD ? v * e
+            : op == WEFT_MIN  ? (e < v ? e : v)
+                              : (e > v ? e : v);
+    }
+    return v;
+}
+
+int mp_small_all_reduce(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
+                        int inplace, int rank, int nranks)
+{
+    const size_t bytes = n * weft_dtype_size(dt);
+    char *send = mp_alloc(bytes);
+    char *recv = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
+    char *want = mp_alloc(bytes);
+    char *out = recv + MP_CANARY_BYTES;
+    char what[128];
+    int rc, fail;
+
+    memset(recv, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
+    for (size_t i = 0; i < n; i++) {
+        mp_put_value(dt, inplace ? out : send, i, mp_small_elem(rank, i));
+        mp_put_value(dt, want, i, mp_small_expect(op, nranks, i));
+    }
+    snprintf(what, sizeof what, "all_reduce(%s, %s, count=%zu%s)",
+             mp_op_name(op), mp_dtype_name(dt), n, inplace ? ", in place" : "");
+    rc = weft_all_reduce(c, inplace ? out : send, out, n, dt, op);
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, what, rc);
+    else
+        fail = mp_check_elems(what, "recvbuf", dt, out, want, n) ||
+               mp_check_canary(what, "recvbuf", out, bytes) ||
+               mp_check_canary(what, "the bytes before recvbuf", recv, 0);
+    free(send);
+    free(recv);
+    free(want);
+    return fail;
+}
+
 static void clear_launcher_env(void)
 {
     for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0];

@@ -233,6 +233,17 @@ int mp_check_elems(const char *what, const char *which, weft_dtype dtype,
 int mp_check_canary(const char *what, const char *which, const void *buf,
                     size_t nbytes);
 
+/* The small-integer model of a reduction: rank r's element i is 1, 2 or
+ * 3 (pseudo-random in i, so a block moved by any offset shows), so every
+ * dtype holds op over up to 4 ranks exactly; mp_small_expect is op over
+ * ranks 0..n-1. mp_small_all_reduce runs one all_reduce of it, n elements
+ * of dt, in place or not, with canaries on both sides of recvbuf, and
+ * checks it: 0, or 1 with a line saying what was wrong. */
+double mp_small_elem(int r, size_t i);
+double mp_small_expect(weft_redop op, int n, size_t i);
+int mp_small_all_reduce(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
+                        int inplace, int rank, int nranks);
+
 /* Removes every WEFT_* variable and the launcher variables weft_init also
  * reads (OMPI_COMM_WORLD_*, PMI_*, SLURM_*, RANK, WORLD_SIZE, ...). */
 void mp_clear_env(void);

@@ -69,27 +69,6 @@ static const weft_dtype dtypes[] = {WEFT_INT8,    WEFT_UINT8,   WEFT_INT32,
                                     WEFT_FLOAT32, WEFT_FLOAT64, WEFT_BFLOAT16};
 static const weft_redop ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
 
-/* Rank r's element i: small integers, so every dtype holds every result
- * exactly (products of at most 4 ranks' 1..3). */
-static double elem(int r, size_t i)
-{
-    return (double)(1 + (r + (int)i) % 3);
-}
-
-static double expect(weft_redop op, int n, size_t i)
-{
-    double v = elem(0, i);
-
-    for (int r = 1; r < n; r++) {
-        double e = elem(r, i);
-        v = op == WEFT_SUM    ? v + e
-            : op == WEFT_PROD ? v * e
-            : op == WEFT_MIN  ? (e < v ? e : v)
-                              : (e > v ? e : v);
-    }
-    return v;
-}
-
 /* Every dtype and op, at counts up to the box's edge and one element
  * past it (frames), in place and not, with canaries around the result. */
 static int results_rank(int rank, int nranks, void *arg)
@@ -108,37 +87,8 @@ static int results_rank(int rank, int nranks, void *arg)
         for (size_t o = 0; o < sizeof ops / sizeof ops[0] && !fail; o++)
             for (size_t k = 0; k < sizeof counts / sizeof counts[0] && !fail;
                  k++) {
-                const size_t n = counts[k], bytes = n * es;
-                const int inplace = (int)(k & 1);
-                char *send = mp_alloc(bytes);
-                char *recv = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
-                char *want = mp_alloc(bytes);
-                char *out = recv + MP_CANARY_BYTES;
-                char what[128];
-                int rc;
-
-                memset(recv, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
-                for (size_t i = 0; i < n; i++) {
-                    mp_put_value(dtypes[d], inplace ? out : send, i,
-                                 elem(rank, i));
-                    mp_put_value(dtypes[d], want, i, expect(ops[o], nranks, i));
-                }
-                snprintf(what, sizeof what, "all_reduce(%s, %s, count=%zu%s)",
-                         mp_op_name(ops[o]), mp_dtype_name(dtypes[d]), n,
-                         inplace ? ", in place" : "");
-                rc = weft_all_reduce(c, inplace ? out : send, out, n, dtypes[d],
-                                     ops[o]);
-                if (rc != WEFT_OK)
-                    fail = mp_report_rc(c, what, rc);
-                else
-                    fail = mp_check_elems(what, "recvbuf", dtypes[d], out, want,
-                                          n) ||
-                           mp_check_canary(what, "recvbuf", out, bytes) ||
-                           mp_check_canary(what, "the bytes before recvbuf",
-                                           recv, 0);
-                free(send);
-                free(recv);
-                free(want);
+                fail = mp_small_all_reduce(c, dtypes[d], ops[o], counts[k],
+                                           (int)(k & 1), rank, nranks);
             }
     }
     /* all_gather: blocks at the box's edge and one past it, in place
@@ -163,10 +113,10 @@ static int results_rank(int rank, int nranks, void *arg)
 
             memset(recv, MP_CANARY, all + 2 * MP_CANARY_BYTES);
             for (size_t i = 0; i < n; i++) {
-                mp_put_value(dtypes[d], mine, i, elem(rank, i));
+                mp_put_value(dtypes[d], mine, i, mp_small_elem(rank, i));
                 for (int r = 0; r < nranks; r++)
                     mp_put_value(dtypes[d], want + (size_t)r * bytes, i,
-                                 elem(r, i));
+                                 mp_small_elem(r, i));
             }
             snprintf(what, sizeof what, "all_gather(%s, count=%zu%s)",
                      mp_dtype_name(dtypes[d]), n, inplace ? ", in place" : "");
@@ -769,8 +719,8 @@ static int bcast_rs_rank(int rank, int nranks, void *arg)
 
             memset(buf, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
             for (size_t i = 0; i < n; i++) {
-                mp_put_value(dtypes[d], out, i, elem(rank, i));
-                mp_put_value(dtypes[d], want, i, elem(root, i));
+                mp_put_value(dtypes[d], out, i, mp_small_elem(rank, i));
+                mp_put_value(dtypes[d], want, i, mp_small_elem(root, i));
             }
             snprintf(what, sizeof what, "broadcast(%s, count=%zu, root %d)",
                      mp_dtype_name(dtypes[d]), n, root);
@@ -805,10 +755,10 @@ static int bcast_rs_rank(int rank, int nranks, void *arg)
             }
             memset(recv, MP_CANARY, all + 2 * MP_CANARY_BYTES);
             for (size_t i = 0; i < n * (size_t)nranks; i++)
-                mp_put_value(dtypes[d], in, i, elem(rank, i));
+                mp_put_value(dtypes[d], in, i, mp_small_elem(rank, i));
             for (size_t i = 0; i < n; i++)
                 mp_put_value(dtypes[d], want, i,
-                             expect(op, nranks, (size_t)rank * n + i));
+                             mp_small_expect(op, nranks, (size_t)rank * n + i));
             snprintf(what, sizeof what, "reduce_scatter(%s, %s, count=%zu%s)",
                      mp_op_name(op), mp_dtype_name(dtypes[d]), n,
                      inplace ? ", in place" : "");

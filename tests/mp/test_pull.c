@@ -85,58 +85,6 @@ static const weft_dtype dtypes[] = {WEFT_INT8,    WEFT_UINT8,   WEFT_INT32,
                                     WEFT_FLOAT32, WEFT_FLOAT64, WEFT_BFLOAT16};
 static const weft_redop ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
 
-/* Rank r's element i: small integers, so that every dtype holds every
- * result exactly (products of at most 4 ranks' 1..3). */
-static double elem(int r, size_t i)
-{
-    return (double)(1 + (r + (int)(i % 7)) % 3);
-}
-
-static double expect(weft_redop op, int n, size_t i)
-{
-    double v = elem(0, i);
-
-    for (int r = 1; r < n; r++) {
-        double e = elem(r, i);
-        v = op == WEFT_SUM    ? v + e
-            : op == WEFT_PROD ? v * e
-            : op == WEFT_MIN  ? (e < v ? e : v)
-                              : (e > v ? e : v);
-    }
-    return v;
-}
-
-static int one_call(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
-                    int inplace, int rank, int nranks)
-{
-    const size_t es = weft_dtype_size(dt), bytes = n * es;
-    char *send = mp_alloc(bytes);
-    char *recv = mp_alloc(bytes + 2 * MP_CANARY_BYTES);
-    char *want = mp_alloc(bytes);
-    char *out = recv + MP_CANARY_BYTES;
-    char what[128];
-    int rc, fail;
-
-    memset(recv, MP_CANARY, bytes + 2 * MP_CANARY_BYTES);
-    for (size_t i = 0; i < n; i++) {
-        mp_put_value(dt, inplace ? out : send, i, elem(rank, i));
-        mp_put_value(dt, want, i, expect(op, nranks, i));
-    }
-    snprintf(what, sizeof what, "all_reduce(%s, %s, count=%zu%s)",
-             mp_op_name(op), mp_dtype_name(dt), n, inplace ? ", in place" : "");
-    rc = weft_all_reduce(c, inplace ? out : send, out, n, dt, op);
-    if (rc != WEFT_OK)
-        fail = mp_report_rc(c, what, rc);
-    else
-        fail = mp_check_elems(what, "recvbuf", dt, out, want, n) ||
-               mp_check_canary(what, "recvbuf", out, bytes) ||
-               mp_check_canary(what, "the bytes before recvbuf", recv, 0);
-    free(send);
-    free(recv);
-    free(want);
-    return fail;
-}
-
 /* Every dtype and op, in place and not, at the threshold (shares of a few
  * hundred bytes) and at counts whose shares span several parts of both
  * phases, none a multiple of the ranks. */
@@ -155,8 +103,8 @@ static int results_rank(int rank, int nranks, void *arg)
         for (size_t o = 0; o < sizeof ops / sizeof ops[0] && !fail; o++)
             for (size_t k = 0; k < sizeof counts / sizeof counts[0] && !fail;
                  k++)
-                fail = one_call(c, dtypes[d], ops[o], counts[k],
-                                (int)((k + o) & 1), rank, nranks);
+                fail = mp_small_all_reduce(c, dtypes[d], ops[o], counts[k],
+                                           (int)((k + o) & 1), rank, nranks);
     }
     return weft_finalize(c) != WEFT_OK || fail;
 }

@@ -69,7 +69,8 @@ static void relay_write_cb(uv_write_t *req, int status)
                       k->peer, uv_strerror(status));
         return;
     }
-    if (x != NULL && --x->got == 0) {
+    /* Once the transport has failed nothing more completes (data.c). */
+    if (x != NULL && --x->got == 0 && tp->err == 0) {
         tp->events++;
         x->done(x);
     }
