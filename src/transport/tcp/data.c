@@ -226,7 +226,7 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (k->rx_direct) {
             weft__xfer *x = k->rq_head;
             x->got += (size_t)nread;
-            if (x->got == x->len)
+            if (x->got == x->len && tp->err == 0)
                 rx_complete(k);
         } else {
             k->rx_hi += (size_t)nread;

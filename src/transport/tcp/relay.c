@@ -205,7 +205,9 @@ static void relay_chunk(conn *k, rchunk *c)
         tp->events++;
         return;
     }
-    if (relay_deliver(tp, c))
+    /* Once the transport has failed nothing completes: kept, and freed
+     * with the rest at shutdown. */
+    if (tp->err == 0 && relay_deliver(tp, c))
         return;
     for (pp = &tp->rpending; *pp != NULL; pp = &(*pp)->next)
         ;

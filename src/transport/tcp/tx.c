@@ -125,11 +125,14 @@ static void *tx_main(void *arg)
                 continue;
             }
             if ((rc = tx_write(w)) == 0) {
-                if (np < t->nfds)
-                    t->pf[np++] =
-                        (struct pollfd){.fd = w->fd, .events = POLLOUT};
-                else
-                    full = 1; /* not watched: look again soon */
+                if (np == t->nfds) {
+                    /* Not watched, so a later batch of its socket would
+                     * not wait behind it: none is tried this turn, and
+                     * the next comes soon. */
+                    full = 1;
+                    break;
+                }
+                t->pf[np++] = (struct pollfd){.fd = w->fd, .events = POLLOUT};
                 pp = &w->next;
                 continue;
             }
