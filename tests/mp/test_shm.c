@@ -314,8 +314,34 @@ static int refused_rank(int rank, int nranks, void *arg)
         return 1;
     }
     ((volatile pid_t *)mp_shm())[rank] = getpid();
-    if (mp_init(&c, rank, nranks) != WEFT_OK)
-        return 1;
+    /* WEFT_LOG=info (the test sets it): set-up says why, into a file. */
+    {
+        FILE *log = tmpfile();
+        int saved = dup(2);
+        char line[512];
+        int said = 0;
+
+        if (log == NULL || saved < 0 || dup2(fileno(log), 2) < 0) {
+            mp_log("cannot send stderr to a file");
+            return 1;
+        }
+        rc = mp_init(&c, rank, nranks);
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        rewind(log);
+        while (fgets(line, sizeof line, log) != NULL)
+            said |= strstr(line, "cannot read the memory of peer") != NULL &&
+                    strstr(line, "Operation not permitted") != NULL;
+        fclose(log);
+        if (rc != WEFT_OK)
+            return 1;
+        if (!said) {
+            mp_log("weft_init said nothing of the refused reads at "
+                   "WEFT_LOG=info");
+            fail = 1;
+        }
+    }
     /* Every rank has dropped it by now: the kernel must refuse to read the
      * next rank, so the probe at set-up failed too. */
     if ((rc = weft_barrier(c)) != WEFT_OK)
@@ -355,6 +381,7 @@ Test(shm, one_copy_refused_goes_through_the_ring, .timeout = 120)
 
     setenv("WEFT_SHM", "1", 1);
     setenv("WEFT_SHM_CMA_BYTES", "1", 1);
+    setenv("WEFT_LOG", "info", 1);
     cr_assert_eq(mp_run(&o, refused_rank, NULL, &res), 0);
     cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
 }

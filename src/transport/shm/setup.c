@@ -501,6 +501,31 @@ static int probe_read(const shm_wire *w)
            v == w->probe_value;
 }
 
+/* Says (WEFT_LOG=info) why this rank cannot read peer w's memory: where
+ * Yama's ptrace_scope is 1 (Ubuntu's default) the kernel refuses siblings.
+ * err is the probe's errno. */
+static void say_unreadable(const shm_tp *tp, const shm_wire *w, int err)
+{
+    char scope[16] = "";
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+
+    if (f != NULL) {
+        if (fgets(scope, sizeof scope, f) == NULL)
+            scope[0] = '\0';
+        scope[strcspn(scope, "\n")] = '\0';
+        fclose(f);
+    }
+    weft__log(WEFT__LOG_INFO, tp->rank,
+              "cannot read the memory of peer %d (process_vm_readv: %s%s%s%s): "
+              "its large frames go through the shared-memory ring (two "
+              "copies), and the one-copy collectives are off",
+              w->peer, err != 0 ? strerror(err) : "other bytes than sent",
+              scope[0] ? "; kernel.yama.ptrace_scope is " : "", scope,
+              scope[0] && strcmp(scope, "0") != 0
+                  ? ", which refuses it without CAP_SYS_PTRACE"
+                  : "");
+}
+
 static int exchange(shm_tp *tp)
 {
     struct sockaddr_un me;
@@ -547,7 +572,10 @@ static int exchange(shm_tp *tp)
      * one-copy records only then. */
     for (int i = 0; i < tp->nlocal; i++) {
         shm_wire *w = &tp->wires[i];
+        errno = 0;
         w->can_read_peer = probe_read(w);
+        if (!w->can_read_peer)
+            say_unreadable(tp, w, errno);
         memset(w->out, 0, SHM_DONE_BYTES);
         weft__put_be32(w->out, SHM_MAGIC);
         weft__put_be32(w->out + 4, (uint32_t)tp->rank);
