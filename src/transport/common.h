@@ -11,6 +11,14 @@
 
 #include <stdint.h>
 
+/* __SANITIZE_THREAD__ under ThreadSanitizer, as GCC defines it, for clang
+ * too (which says so by __has_feature only). */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
+#define __SANITIZE_THREAD__ 1
+#endif
+#endif
+
 /* The failure of a post_*() on a wire the transport does not have (no
  * such peer or wire, or one that is closing): WEFT_ETRANSPORT, recorded on
  * sink. */

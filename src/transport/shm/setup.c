@@ -501,12 +501,12 @@ static int probe_read(const shm_wire *w)
            v == w->probe_value;
 }
 
-/* Says (WEFT_LOG=info) why this rank cannot read peer w's memory: where
- * Yama's ptrace_scope is 1 (Ubuntu's default) the kernel refuses siblings.
- * err is the probe's errno. */
-static void say_unreadable(const shm_tp *tp, const shm_wire *w, int err)
+/* Says (WEFT_LOG=info) why this rank cannot read the memory of peer, and
+ * of `more` other local peers: where Yama's ptrace_scope is 1 (Ubuntu's
+ * default) the kernel refuses siblings. err is the first probe's errno. */
+static void say_unreadable(const shm_tp *tp, int peer, int more, int err)
 {
-    char scope[16] = "";
+    char scope[16] = "", others[48] = "";
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
 
     if (f != NULL) {
@@ -515,11 +515,14 @@ static void say_unreadable(const shm_tp *tp, const shm_wire *w, int err)
         scope[strcspn(scope, "\n")] = '\0';
         fclose(f);
     }
+    if (more > 0)
+        snprintf(others, sizeof others, " (nor of %d more local peer%s)", more,
+                 more > 1 ? "s" : "");
     weft__log(WEFT__LOG_INFO, tp->rank,
-              "cannot read the memory of peer %d (process_vm_readv: %s%s%s%s): "
-              "its large frames go through the shared-memory ring (two "
-              "copies), and the one-copy collectives are off",
-              w->peer, err != 0 ? strerror(err) : "other bytes than sent",
+              "cannot read the memory of peer %d%s (process_vm_readv: "
+              "%s%s%s%s): large frames go through the shared-memory ring "
+              "(two copies), and the one-copy collectives are off",
+              peer, others, err != 0 ? strerror(err) : "other bytes than sent",
               scope[0] ? "; kernel.yama.ptrace_scope is " : "", scope,
               scope[0] && strcmp(scope, "0") != 0
                   ? ", which refuses it without CAP_SYS_PTRACE"
@@ -530,7 +533,7 @@ static int exchange(shm_tp *tp)
 {
     struct sockaddr_un me;
     socklen_t melen = sizeof me;
-    int rc;
+    int rc, unreadable = 0, first = -1, first_err = 0;
 
     /* The doorbell socket, its name picked by the kernel (autobind: five
      * hex digits in the abstract namespace). */
@@ -574,8 +577,10 @@ static int exchange(shm_tp *tp)
         shm_wire *w = &tp->wires[i];
         errno = 0;
         w->can_read_peer = probe_read(w);
-        if (!w->can_read_peer)
-            say_unreadable(tp, w, errno);
+        if (!w->can_read_peer && unreadable++ == 0) {
+            first = w->peer;
+            first_err = errno;
+        }
         memset(w->out, 0, SHM_DONE_BYTES);
         weft__put_be32(w->out, SHM_MAGIC);
         weft__put_be32(w->out + 4, (uint32_t)tp->rank);
@@ -583,6 +588,8 @@ static int exchange(shm_tp *tp)
         if ((rc = exchange_post(tp, w, SHM_DONE_BYTES)) != 0)
             return rc;
     }
+    if (unreadable > 0)
+        say_unreadable(tp, first, unreadable - 1, first_err);
     if ((rc = setup_wait(tp, 0, "done")) != 0)
         return rc;
     for (int i = 0; i < tp->nlocal; i++) {

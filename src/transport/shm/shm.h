@@ -77,12 +77,6 @@
 #include <sys/types.h>
 #include <sys/un.h>
 
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer) && !defined(__SANITIZE_THREAD__)
-#define __SANITIZE_THREAD__ 1
-#endif
-#endif
-
 /* ThreadSanitizer has no interceptor for memfd_create, so it never sees a
  * segment's descriptor made: its record of that number still holds the
  * last owner's accesses (another thread's socket, which libuv closed with

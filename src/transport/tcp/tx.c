@@ -36,17 +36,9 @@
  * cannot see: it reported a race between this thread's send of a frame
  * and a later receive into it. libuv's own writes, not instrumented, are
  * not seen at all. Every other access of this thread stays checked. */
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define WEFT_TSAN 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__)
-#define WEFT_TSAN 1
-#endif
 static ssize_t tx_sendmsg(int fd, const struct msghdr *m, int flags)
 {
-#ifdef WEFT_TSAN
+#ifdef __SANITIZE_THREAD__ /* transport/common.h */
     return syscall(SYS_sendmsg, fd, m, flags);
 #else
     return sendmsg(fd, m, flags);
@@ -244,8 +236,8 @@ int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w)
     tcp_tx *t;
     ssize_t r;
 
-    /* Only where none of k's batches is with the thread: while one is,
-     * the thread runs, and k's socket stays open until shutdown. */
+    /* One path whether or not k has batches with the thread: while it
+     * has, the thread runs and k's socket stays open (until shutdown). */
     if ((tp->tx == NULL && tx_start(tp) != 0) ||
         uv_fileno((const uv_handle_t *)&k->h, &fd) != 0)
         return -1;
