@@ -12,7 +12,7 @@
  *       sleeps in the kernel, as weft does after WEFT_SPIN_US); -s spins on
  *       non-blocking reads instead.
  *   tcp-bound stream [-n RANKS] [-b BYTES] [-i ITERS] [-r ROUNDS] [-s] [-R]
- *                    [-T]
+ *                    [-T] [-w WIRES]
  *       each rank streams BYTES to the next rank of a ring while receiving
  *       BYTES from the previous one, at once (non-blocking sockets, poll):
  *       the bytes per second each rank moves each way (-s: spinning on
@@ -27,6 +27,9 @@
  *       a second thread of each rank sends while the first receives (and
  *       reduces, with -R), as where a library's I/O is split over two
  *       threads; without it one thread does both, as weft's progress does.
+ *       -w: WIRES connections to each neighbour (default 1), each carrying
+ *       its own contiguous part of the BYTES, as weft's WEFT_WIRES splits
+ *       a frame's chunks; one thread, or two with -T, serves them all.
  *
  * Every rank is a process (fork); connections are TCP over 127.0.0.1 with
  * TCP_NODELAY and the socket buffers weft asks for. Writes to stdout only
@@ -52,6 +55,7 @@
 #define MAXR 64
 
 static int nranks = 4, iters = 2000, rounds = 5, spin, reduce, two_threads;
+static int nwires = 1; /* -w: connections to each neighbour (stream) */
 static long long bytes = 16LL << 20, chunk = 256 << 10;
 static int sockbuf = 4 << 20;
 
@@ -90,36 +94,39 @@ static void listen_all(void)
         laddr[r].sin_family = AF_INET;
         laddr[r].sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (bind(lfd[r], (struct sockaddr *)&laddr[r], sizeof laddr[r]) != 0 ||
-            listen(lfd[r], MAXR) != 0 ||
+            listen(lfd[r], SOMAXCONN) != 0 ||
             getsockname(lfd[r], (struct sockaddr *)&laddr[r], &len) != 0)
             die("bind/listen");
     }
 }
 
-/* fd[p]: this rank's connection to rank p; the lower rank connects and
- * sends its rank number first. */
-static void connect_all(int me, int fd[])
+/* fd[p * nwires + k]: this rank's k-th connection to rank p (lat: one
+ * each); the lower rank connects and sends its rank number and k first. */
+static void connect_all(int me, int fd[], int wires)
 {
-    for (int p = me + 1; p < nranks; p++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        if (s < 0)
-            die("socket");
-        tune(s);
-        while (connect(s, (struct sockaddr *)&laddr[p], sizeof laddr[p]) != 0)
-            if (errno != EINTR)
-                die("connect");
-        if (write(s, &me, sizeof me) != sizeof me)
-            die("write");
-        fd[p] = s;
-    }
-    for (int k = 0; k < me; k++) {
-        int s = accept(lfd[me], NULL, NULL), p;
+    for (int p = me + 1; p < nranks; p++)
+        for (int k = 0; k < wires; k++) {
+            int s = socket(AF_INET, SOCK_STREAM, 0), hello[2] = {me, k};
+            if (s < 0)
+                die("socket");
+            tune(s);
+            while (connect(s, (struct sockaddr *)&laddr[p], sizeof laddr[p]) !=
+                   0)
+                if (errno != EINTR)
+                    die("connect");
+            if (write(s, hello, sizeof hello) != sizeof hello)
+                die("write");
+            fd[p * wires + k] = s;
+        }
+    for (int n = 0; n < me * wires; n++) {
+        int s = accept(lfd[me], NULL, NULL), hello[2];
         if (s < 0)
             die("accept");
         tune(s);
-        if (read(s, &p, sizeof p) != sizeof p || p < 0 || p >= me)
+        if (read(s, hello, sizeof hello) != sizeof hello || hello[0] < 0 ||
+            hello[0] >= me || hello[1] < 0 || hello[1] >= wires)
             die("handshake");
-        fd[p] = s;
+        fd[hello[0] * wires + hello[1]] = s;
     }
     for (int r = 0; r < nranks; r++)
         close(lfd[r]);
@@ -159,15 +166,16 @@ static void get_all(int fd, void *buf, size_t len)
     }
 }
 
-static void exchange_once(int me, int fd[], uint64_t *v)
+/* fd[p * stride]: the connection to rank p it uses. */
+static void exchange_once(int me, const int fd[], int stride, uint64_t *v)
 {
     uint64_t in;
     for (int p = 0; p < nranks; p++)
         if (p != me)
-            put_all(fd[p], v, 8);
+            put_all(fd[p * stride], v, 8);
     for (int p = 0; p < nranks; p++)
         if (p != me) {
-            get_all(fd[p], &in, 8);
+            get_all(fd[p * stride], &in, 8);
             *v += in;
         }
 }
@@ -202,16 +210,16 @@ static int rank_lat(int me)
     uint64_t v = (uint64_t)me + 1;
     double ring[64], exch[64];
 
-    connect_all(me, fd);
+    connect_all(me, fd, 1);
     for (int r = 0; r < rounds; r++) {
         for (int shape = 0; shape < 2; shape++) {
             double t0;
             for (int w = 0; w < iters / 10 + 1; w++) /* warm-up */
-                shape ? exchange_once(me, fd, &v) : ring_once(me, fd, &v);
-            exchange_once(me, fd, &v); /* start together */
+                shape ? exchange_once(me, fd, 1, &v) : ring_once(me, fd, &v);
+            exchange_once(me, fd, 1, &v); /* start together */
             t0 = now_s();
             for (int i = 0; i < iters; i++)
-                shape ? exchange_once(me, fd, &v) : ring_once(me, fd, &v);
+                shape ? exchange_once(me, fd, 1, &v) : ring_once(me, fd, &v);
             (shape ? exch : ring)[r] = (now_s() - t0) / iters * 1e6;
         }
         if (me == 0)
@@ -230,72 +238,98 @@ static int rank_lat(int me)
     return 0;
 }
 
+#define MAXW 8 /* -w's most */
+
+/* The part of the stream wire k carries: [wire_lo(k), wire_lo(k + 1)). */
+static long long wire_lo(int k)
+{
+    return bytes / nwires * k + (k < nwires ? 0 : bytes % nwires);
+}
+
 /* -R: acc[i] += the received float i, for the floats of the first half
- * of the stream that arrived whole since the last call (*done of them
- * already added). */
-static void reduce_arrived(float *acc, const char *rbuf, long long got,
+ * of wire k's part that arrived whole since the last call (*done of them
+ * already added): half the bytes in all, as a ring's reduce-scatter. */
+static void reduce_arrived(float *acc, const char *rbuf, int k, long long got,
                            long long *done)
 {
-    long long upto = (got < bytes / 2 ? got : bytes / 2) / 4;
+    long long lo = wire_lo(k), half = (wire_lo(k + 1) - lo) / 2;
+    long long upto = (got < half ? got : half) / 4;
 
     for (long long i = *done; i < upto; i++) {
         float f;
-        memcpy(&f, rbuf + i * 4, sizeof f);
-        acc[i] += f;
+        memcpy(&f, rbuf + lo + i * 4, sizeof f);
+        acc[lo / 4 + i] += f;
     }
     if (upto > *done)
         *done = upto;
 }
 
-/* Streams `bytes` to out while taking `bytes` from in; out < 0 (or in <
- * 0): that half is someone else's (-T). */
-static void stream_once(int out, int in, const char *sbuf, char *rbuf,
-                        float *acc)
+/* Streams `bytes` to out[] while taking `bytes` from in[], wire k its
+ * own part; out == NULL (or in == NULL): that half is someone else's
+ * (-T). */
+static void stream_once(const int *out, const int *in, const char *sbuf,
+                        char *rbuf, float *acc)
 {
-    long long sent = out < 0 ? bytes : 0, got = in < 0 ? bytes : 0;
-    long long reduced = 0;
-    struct pollfd pf[2];
+    long long sent[MAXW], got[MAXW], reduced[MAXW];
+    struct pollfd pf[2 * MAXW];
+    int left = 0;
 
-    while (sent < bytes || got < bytes) {
+    for (int k = 0; k < nwires; k++) {
+        long long len = wire_lo(k + 1) - wire_lo(k);
+        sent[k] = out == NULL ? len : 0;
+        got[k] = in == NULL ? len : 0;
+        reduced[k] = 0;
+        left += (sent[k] < len) + (got[k] < len);
+    }
+    while (left > 0) {
         int n = 0;
-        if (sent < bytes)
-            pf[n++] = (struct pollfd){.fd = out, .events = POLLOUT};
-        if (got < bytes)
-            pf[n++] = (struct pollfd){.fd = in, .events = POLLIN};
-        /* Spinning: try both sockets again at once, giving the core away
+        for (int k = 0; k < nwires; k++) {
+            long long len = wire_lo(k + 1) - wire_lo(k);
+            if (sent[k] < len)
+                pf[n++] = (struct pollfd){.fd = out[k], .events = POLLOUT};
+            if (got[k] < len)
+                pf[n++] = (struct pollfd){.fd = in[k], .events = POLLIN};
+        }
+        /* Spinning: try every socket again at once, giving the core away
          * in between (the peer may need it); else sleep in poll(). */
         if (spin)
             sched_yield();
         else if (poll(pf, (nfds_t)n, 10000) <= 0)
             die("poll");
-        if (sent < bytes) {
-            long long want = bytes - sent < chunk ? bytes - sent : chunk;
-            ssize_t k = send(out, sbuf + sent, (size_t)want,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (k > 0)
-                sent += k;
-            else if (k < 0 && errno != EAGAIN && errno != EINTR)
-                die("send");
-        }
-        if (got < bytes) {
-            long long want = bytes - got < chunk ? bytes - got : chunk;
-            ssize_t k = recv(in, rbuf + got, (size_t)want, MSG_DONTWAIT);
-            if (k > 0) {
-                got += k;
-                if (acc != NULL)
-                    reduce_arrived(acc, rbuf, got, &reduced);
-            } else if (k == 0) {
-                fprintf(stderr, "tcp-bound: peer closed\n");
-                exit(1);
-            } else if (errno != EAGAIN && errno != EINTR)
-                die("recv");
+        for (int k = 0; k < nwires; k++) {
+            long long lo = wire_lo(k), len = wire_lo(k + 1) - lo;
+            if (sent[k] < len) {
+                long long want = len - sent[k] < chunk ? len - sent[k] : chunk;
+                ssize_t x = send(out[k], sbuf + lo + sent[k], (size_t)want,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (x > 0) {
+                    sent[k] += x;
+                    left -= sent[k] == len;
+                } else if (x < 0 && errno != EAGAIN && errno != EINTR)
+                    die("send");
+            }
+            if (got[k] < len) {
+                long long want = len - got[k] < chunk ? len - got[k] : chunk;
+                ssize_t x =
+                    recv(in[k], rbuf + lo + got[k], (size_t)want, MSG_DONTWAIT);
+                if (x > 0) {
+                    got[k] += x;
+                    left -= got[k] == len;
+                    if (acc != NULL)
+                        reduce_arrived(acc, rbuf, k, got[k], &reduced[k]);
+                } else if (x == 0) {
+                    fprintf(stderr, "tcp-bound: peer closed\n");
+                    exit(1);
+                } else if (errno != EAGAIN && errno != EINTR)
+                    die("recv");
+            }
         }
     }
 }
 
 /* -T: the sending half on a thread of its own. */
 struct sender {
-    int out;
+    const int *out;
     const char *sbuf;
 };
 
@@ -303,27 +337,28 @@ static void *send_all(void *arg)
 {
     const struct sender *sd = arg;
 
-    stream_once(sd->out, -1, sd->sbuf, NULL, NULL);
+    stream_once(sd->out, NULL, sd->sbuf, NULL, NULL);
     return NULL;
 }
 
-static void stream_once_split(int out, int in, const char *sbuf, char *rbuf,
-                              float *acc)
+static void stream_once_split(const int *out, const int *in, const char *sbuf,
+                              char *rbuf, float *acc)
 {
     struct sender sd = {out, sbuf};
     pthread_t th;
 
     if ((errno = pthread_create(&th, NULL, send_all, &sd)) != 0)
         die("pthread_create");
-    stream_once(-1, in, NULL, rbuf, acc);
+    stream_once(NULL, in, NULL, rbuf, acc);
     pthread_join(th, NULL);
 }
 
 static int rank_stream(int me)
 {
-    int fd[MAXR], next = (me + 1) % nranks, prev = (me + nranks - 1) % nranks;
+    int fd[MAXR * MAXW], next = (me + 1) % nranks,
+                         prev = (me + nranks - 1) % nranks;
     char *sbuf = malloc((size_t)bytes), *rbuf = malloc((size_t)bytes);
-    float *acc = reduce ? calloc((size_t)bytes / 8 + 1, sizeof *acc) : NULL;
+    float *acc = reduce ? calloc((size_t)bytes / 4 + 1, sizeof *acc) : NULL;
     double gbs[64];
     uint64_t v = 0;
 
@@ -331,27 +366,29 @@ static int rank_stream(int me)
         die("malloc");
     memset(sbuf, 1, (size_t)bytes);
     memset(rbuf, 0, (size_t)bytes);
-    connect_all(me, fd);
+    connect_all(me, fd, nwires);
     for (int r = 0; r < rounds; r++) {
+        const int *out = fd + next * nwires, *in = fd + prev * nwires;
         double t0;
-        void (*once)(int, int, const char *, char *, float *) =
+        void (*once)(const int *, const int *, const char *, char *, float *) =
             two_threads ? stream_once_split : stream_once;
 
-        once(fd[next], fd[prev], sbuf, rbuf, acc); /* warm-up */
-        exchange_once(me, fd, &v);
+        once(out, in, sbuf, rbuf, acc);    /* warm-up */
+        exchange_once(me, fd, nwires, &v); /* start together */
         t0 = now_s();
         for (int i = 0; i < iters; i++)
-            once(fd[next], fd[prev], sbuf, rbuf, acc);
+            once(out, in, sbuf, rbuf, acc);
         gbs[r] = (double)bytes * iters / (now_s() - t0) / 1e9;
         if (me == 0)
             printf("round %d: %.2f GB/s each way per rank\n", r + 1, gbs[r]);
     }
     if (me == 0)
         printf("ranks %d, %lld bytes, %d iterations, median of %d rounds: "
-               "%.2f GB/s each way per rank%s%s\n",
+               "%.2f GB/s each way per rank%s%s%s\n",
                nranks, bytes, iters, rounds, median(gbs, rounds),
                reduce ? " (half reduced)" : "",
-               two_threads ? " (sending on a second thread)" : "");
+               two_threads ? " (sending on a second thread)" : "",
+               nwires > 1 ? " (several connections per neighbour)" : "");
     free(acc);
     free(sbuf);
     free(rbuf);
@@ -383,14 +420,14 @@ int main(int argc, char **argv)
     if (argc < 2 ||
         (strcmp(argv[1], "lat") != 0 && strcmp(argv[1], "stream") != 0)) {
         fprintf(stderr, "usage: tcp-bound lat|stream [-n RANKS] [-i ITERS] "
-                        "[-r ROUNDS] [-b BYTES] [-s] [-R] [-T]\n");
+                        "[-r ROUNDS] [-b BYTES] [-s] [-R] [-T] [-w WIRES]\n");
         return 2;
     }
     stream = strcmp(argv[1], "stream") == 0;
     if (stream)
         iters = 10;
     optind = 2;
-    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:sRT")) != -1) {
+    while ((opt = getopt(argc, argv, "n:i:r:b:c:B:sRTw:")) != -1) {
         switch (opt) {
         case 'n':
             nranks = atoi(optarg);
@@ -419,15 +456,19 @@ int main(int argc, char **argv)
         case 'T':
             two_threads = 1;
             break;
+        case 'w':
+            nwires = atoi(optarg);
+            break;
         default:
             return 2;
         }
     }
-    if (nranks < 2 || nranks > MAXR || iters < 1 || rounds < 1 || rounds > 64) {
+    if (nranks < 2 || nranks > MAXR || iters < 1 || rounds < 1 || rounds > 64 ||
+        nwires < 1 || nwires > MAXW) {
         fprintf(stderr,
                 "tcp-bound: want 2 <= RANKS <= %d, ITERS >= 1, "
-                "1 <= ROUNDS <= 64\n",
-                MAXR);
+                "1 <= ROUNDS <= 64, 1 <= WIRES <= %d\n",
+                MAXR, MAXW);
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
