@@ -147,6 +147,7 @@ typedef struct weft__pass {
     weft__call *k;
     size_t frame;
     int rdepth; /* receives in flight per wire, with those being reduced */
+    int bulk;   /* its sends may leave from a transport's thread (xfer) */
     int err;
     int pass; /* this pass's number in the call */
     int nchecks;
@@ -679,6 +680,7 @@ static int post(run *r, wstate *ws, int is_send, int step, int hdr, char *buf,
     f->len = len;
     f->slot = slot;
     f->x.done = is_send ? send_done : recv_done;
+    f->x.bulk = is_send && r->bulk;
     f->x.buf = buf;
     f->x.len = len;
     if (is_send) {
@@ -1234,6 +1236,17 @@ static size_t pass_reduces(const weft__op *op)
     return n;
 }
 
+/* The bytes a pass sends, over all its lanes. */
+static size_t pass_sends(const weft__op *op)
+{
+    size_t n = 0;
+
+    for (int l = 0; l < op->nlanes; l++)
+        for (int s = 0; s < op->lanes[l].nsteps; s++)
+            n += op->lanes[l].steps[s].send_len;
+    return n;
+}
+
 int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
                      const weft__relay *relay, weft__pass **out)
 {
@@ -1297,6 +1310,8 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
     r->rdepth = c->cfg->reduce_thread && !op->inline_reduce
                     ? WEFT__RECV_DEPTH_REDUCER
                     : WEFT__RECV_DEPTH;
+    r->bulk =
+        c->cfg->send_thread && pass_sends(op) >= c->cfg->send_thread_pass_bytes;
     r->pass = k->passes++;
     r->rdst = relay != NULL ? relay->dst : -1;
     r->rsrc = relay != NULL ? relay->src : -1;

@@ -282,6 +282,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
 {
     const char *s;
     long v, halving, doubling, pass_bytes, thread;
+    int send_forced;
     weft__hostfile_out view;
     int rc, one_host;
 
@@ -402,11 +403,20 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
     if ((rc = env_int("WEFT_SEND_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
         return rc;
-    cfg->send_thread = v >= 0 ? (int)v : cfg->spare_cores;
+    cfg->send_thread =
+        v >= 0 ? (int)v : cores_per_rank(cfg, WEFT__SEND_THREAD_CORES);
+    send_forced = v == 1;
     if ((rc = env_int("WEFT_SEND_THREAD_MIN_BYTES", 1, 1L << 30,
                       WEFT__SEND_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->send_thread_min_bytes = (size_t)v;
+    /* WEFT_SEND_THREAD=1 asks for the thread in every pass, as the
+     * reducer's does. */
+    if ((rc = env_int("WEFT_SEND_THREAD_PASS_BYTES", 0, 1L << 40,
+                      send_forced ? 0 : WEFT__SEND_THREAD_PASS_BYTES, &v,
+                      errmsg, errlen)) != 0)
+        return rc;
+    cfg->send_thread_pass_bytes = (size_t)v;
 
     /* A wait polls (yielding the core between polls) this long before it
      * sleeps: measured faster for small operations both with a core per
@@ -446,10 +456,12 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         : one_host && cfg->shm ? WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES
                                : WEFT__DOUBLING_ALL_REDUCE_BYTES;
     /* WEFT_REDUCE_THREAD=1 asks for the thread in every pass. */
-    cfg->reduce_thread_pass_bytes = pass_bytes >= 0 ? (size_t)pass_bytes
-                                    : thread < 0 && one_host && cfg->shm
-                                        ? WEFT__REDUCE_THREAD_SHM_PASS_BYTES
-                                        : 0;
+    cfg->reduce_thread_pass_bytes =
+        pass_bytes >= 0        ? (size_t)pass_bytes
+        : thread >= 0          ? 0
+        : one_host && cfg->shm ? WEFT__REDUCE_THREAD_SHM_PASS_BYTES
+        : one_host             ? WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES
+                               : 0;
     if ((rc = env_int("WEFT_SHM_RING_BYTES", 4096, 1L << 30,
                       WEFT__DEFAULT_SHM_RING_BYTES, &v, errmsg, errlen)) != 0)
         return rc;

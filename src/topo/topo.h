@@ -154,12 +154,22 @@
  * halving never uses it (coll/halving.c). */
 #define WEFT__REDUCE_THREAD_CORES 2
 /* TCP's sending thread (WEFT_SEND_THREAD): a batch of frames of at least
- * WEFT_SEND_THREAD_MIN_BYTES for one connection is written by a thread
- * of the transport's own while progress() reads and reduces. Unset, on
- * where the host has REDUCE_THREAD_CORES cores per rank (as the reducer):
- * plain sockets that send on a second thread moved 1.1-1.7x more at 4 and
- * 8 ranks on the 16-core host (bench/tcp-bound stream -T). */
+ * WEFT_SEND_THREAD_MIN_BYTES for one connection, of a pass that sends at
+ * least WEFT_SEND_THREAD_PASS_BYTES in all, is written by a thread of the
+ * transport's own while progress() reads and reduces: plain sockets that
+ * send on a second thread moved 1.1-1.7x more at 4 and 8 ranks on the
+ * 16-core host (bench/tcp-bound stream -T). Unset, on where the host has
+ * SEND_THREAD_CORES cores per rank, one for each of the three threads
+ * (progress, reducer, sender): with two (8 ranks on that host, loopback
+ * TCP) all_reduce from 512 KiB to 8 MiB moved 1.1-1.3x more without it,
+ * 16 MiB the same and 32-64 MiB 0.95x (devbuild/p20.sh, medians of 5
+ * rounds). Below the pass size the hand-over costs more than it
+ * overlaps: 2 and 4 ranks, 128 KiB to 1 MiB, 1.2-2x more without it
+ * (p17.sh, p19.sh); a ring's passes from 1 MiB up gain (4 ranks, 2-8
+ * MiB: 1.05-1.2x). */
+#define WEFT__SEND_THREAD_CORES 3
 #define WEFT__SEND_THREAD_MIN_BYTES (64 * 1024)
+#define WEFT__SEND_THREAD_PASS_BYTES (1024 * 1024)
 #define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
 /* And only in a pass that reduces at least this many bytes in all
  * (WEFT_REDUCE_THREAD_PASS_BYTES): 0 (every pass) but where every rank is
@@ -170,6 +180,12 @@
  * KiB-512 KiB: 2.3-3.8 GB/s busbw with the thread, 3.9-6.1 without; no
  * difference from 2 MiB). */
 #define WEFT__REDUCE_THREAD_SHM_PASS_BYTES (2 * 1024 * 1024)
+/* The same over loopback TCP (every rank on one host, shared memory off):
+ * 2 ranks, whose ring reduces half the call in one pass, moved 1.2-1.7x
+ * more at 128 KiB-1 MiB without the thread, the same from 2 MiB
+ * (devbuild/p16.sh); larger rank counts run recursive halving there,
+ * which never uses it. */
+#define WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES (1024 * 1024)
 
 /* One end of a cable: a host (by index) and its address there. */
 typedef struct {
@@ -224,7 +240,8 @@ typedef struct weft__config {
     size_t reduce_thread_min_bytes; /* ... from this many bytes on */
     size_t reduce_thread_pass_bytes; /* ... in passes that reduce this many */
     int send_thread; /* 1: large batches of TCP sends leave from a thread */
-    size_t send_thread_min_bytes; /* ... from this many bytes on */
+    size_t send_thread_min_bytes;  /* ... from this many bytes on */
+    size_t send_thread_pass_bytes; /* ... in passes that send this many */
     char transport[16]; /* "tcp" or "ibverbs" */
     int ib_slots;         /* ibverbs: staging slots per queue pair */
     size_t ib_slot_bytes; /* ibverbs: bytes per slot */

@@ -40,6 +40,10 @@ typedef struct weft__tp weft__tp;
 typedef struct weft__xfer {
     void (*done)(struct weft__xfer *x);
     void *arg;
+    /* 1: a send of a pass that moves much (WEFT_SEND_THREAD_PASS_BYTES),
+     * which the transport may hand to a thread of its own (TCP's sending
+     * thread); 0: leave it at once, as small calls want. */
+    int bulk;
     /* Private to the transport while posted. */
     void *tp_next;
     char *buf;

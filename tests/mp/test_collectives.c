@@ -275,6 +275,16 @@ Test(collectives, send_thread_large_batches_auto_ranks4_wires3, .timeout = 120)
     run_send_thread_job(4, 3, "auto", "8192", "1");
 }
 
+/* Only the passes that send 64 KiB or more (WEFT_SEND_THREAD_PASS_BYTES)
+ * hand their batches to the thread: the cases' calls of about a frame
+ * leave from progress(), those of three frames from the thread, one after
+ * the other on the same wires, which must keep their order. */
+Test(collectives, send_thread_large_passes_ring_ranks3_wires2, .timeout = 120)
+{
+    setenv("WEFT_SEND_THREAD_PASS_BYTES", "65536", 1);
+    run_send_thread_job(3, 2, "ring", "1", "1");
+}
+
 /* ---- short sends ----
  *
  * A send on a non-blocking socket may take fewer bytes than it was given

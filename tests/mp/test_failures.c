@@ -604,6 +604,59 @@ Test(failures, send_thread_held_by_stopped_peer, .timeout = 120)
               "rank 1 was not still stopped when rank 0 ended");
 }
 
+/* The sending thread takes only the batches of passes that send
+ * WEFT_SEND_THREAD_PASS_BYTES or more (here 4 MiB; the reducer off, so
+ * that the only thread a call can start is the sender): 2 ranks' ring
+ * all_reduce of 1 MiB sends 512 KiB in each pass and starts no thread,
+ * one of 16 MiB sends 8 MiB and starts it; both right. */
+static int send_thread_large_passes_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c;
+    int base, fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    base = mp_threads();
+    fail |= checked_all_reduce(c, rank, nranks, 0, (size_t)1 << 18);
+    if (!fail && mp_threads() != base) {
+        mp_log("%d threads before a 1 MiB all_reduce, %d after: expected "
+               "none started (its passes send less than "
+               "WEFT_SEND_THREAD_PASS_BYTES)",
+               base, mp_threads());
+        fail = 1;
+    }
+    fail |= checked_all_reduce(c, rank, nranks, 1, (size_t)1 << 22);
+    if (!fail && mp_threads() != base + 1) {
+        mp_log("%d threads before a 16 MiB all_reduce, %d after: expected "
+               "the sending thread only",
+               base, mp_threads());
+        fail = 1;
+    }
+    fail |= checked_all_reduce(c, rank, nranks, 2, (size_t)1 << 18);
+    fail |= finalize_promptly(c, "after the sending thread ran");
+    if (mp_threads() > base) {
+        mp_log("%d threads after weft_finalize, %d before the calls",
+               mp_threads(), base);
+        fail = 1;
+    }
+    return fail;
+}
+
+Test(failures, send_thread_large_passes_only, .timeout = 120)
+{
+    struct mp_opts o = fail_opts(2);
+    struct mp_result res;
+
+    setenv("WEFT_TRANSPORT", "tcp", 1);
+    setenv("WEFT_SHM", "0", 1);
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_SEND_THREAD_PASS_BYTES", "4194304", 1);
+    setenv("WEFT_REDUCE_THREAD", "0", 1);
+    cr_assert_eq(mp_run(&o, send_thread_large_passes_rank, NULL, &res), 0);
+    assert_job_passed(&res, "the sending thread only for large passes");
+}
+
 /* ---- (c) weft_abort from a second thread ---- */
 
 #define ABORT_AFTER_MS 200
@@ -1095,6 +1148,10 @@ Test(env, send_thread_settings_out_of_range, .timeout = 30)
     unsetenv("WEFT_SEND_THREAD");
     setenv("WEFT_SEND_THREAD_MIN_BYTES", "0", 1);
     expect_econfig((const char *const[]){"WEFT_SEND_THREAD_MIN_BYTES", NULL},
+                   NULL);
+    unsetenv("WEFT_SEND_THREAD_MIN_BYTES");
+    setenv("WEFT_SEND_THREAD_PASS_BYTES", "-1", 1);
+    expect_econfig((const char *const[]){"WEFT_SEND_THREAD_PASS_BYTES", NULL},
                    NULL);
     env_dir_remove(&d);
 }

@@ -312,11 +312,12 @@ static void data_write_cb(uv_write_t *req, int status)
     weft__tcp_batch_done(tp, k, w, status);
 }
 
-/* Whether k's batch of bufs[0..n) goes to the sending thread (tcp.h):
- * where it runs, none of k's batches is with libuv, and the batch is large
- * or an earlier one of k is with the thread. */
-static int for_thread(const tcp_tp *tp, const conn *k, const uv_buf_t *bufs,
-                      int n)
+/* Whether k's batch of bufs[0..n), whose first frame is x, goes to the
+ * sending thread (tcp.h): where it runs, none of k's batches is with
+ * libuv, and an earlier one of k is with the thread, or the batch is large
+ * and of a pass that moves much (x->bulk). */
+static int for_thread(const tcp_tp *tp, const conn *k, const weft__xfer *x,
+                      const uv_buf_t *bufs, int n)
 {
     size_t bytes = 0;
 
@@ -324,6 +325,8 @@ static int for_thread(const tcp_tp *tp, const conn *k, const uv_buf_t *bufs,
         return 0;
     if (k->tx_batches != 0)
         return 1;
+    if (!x->bulk)
+        return 0;
     for (int i = 0; i < n; i++)
         bytes += bufs[i].len;
     return bytes >= tp->cfg->send_thread_min_bytes;
@@ -384,7 +387,7 @@ static void tcp_flush(tcp_tp *tp)
             else
                 mark_dirty(tp, k);
         }
-        if (for_thread(tp, k, bufs, n)) {
+        if (for_thread(tp, k, x, bufs, n)) {
             memcpy(r->bufs, bufs, (size_t)n * sizeof *bufs);
             r->nb = n;
             if (weft__tcp_tx_hand(tp, k, r) == 0)

@@ -43,8 +43,10 @@
  *
  * Everything runs on the calling thread inside progress(), but for the
  * sending thread (tx.c, WEFT_SEND_THREAD): where it runs, a batch of at
- * least WEFT_SEND_THREAD_MIN_BYTES for one connection (and every later
- * batch of that connection while one is with the thread) is handed to it,
+ * least WEFT_SEND_THREAD_MIN_BYTES for one connection whose first frame
+ * is of a pass that sends much (weft__xfer.bulk, which the engine sets
+ * from WEFT_SEND_THREAD_PASS_BYTES), and every later batch of that
+ * connection while one is with the thread, is handed to it,
  * written there with send(), and handed back; its completions run inside
  * progress() as ever. A connection's batches go to libuv or to the thread,
  * never to both at once, so they leave in order. weft_abort() and the
