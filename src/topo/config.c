@@ -403,8 +403,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
     if ((rc = env_int("WEFT_SEND_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
         return rc;
-    cfg->send_thread =
-        v >= 0 ? (int)v : cores_per_rank(cfg, WEFT__SEND_THREAD_CORES);
+    cfg->send_thread = v >= 0 ? (int)v : cfg->spare_cores;
     send_forced = v == 1;
     if ((rc = env_int("WEFT_SEND_THREAD_MIN_BYTES", 1, 1L << 30,
                       WEFT__SEND_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
@@ -413,8 +412,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
     /* WEFT_SEND_THREAD=1 asks for the thread in every pass, as the
      * reducer's does. */
     if ((rc = env_int("WEFT_SEND_THREAD_PASS_BYTES", 0, 1L << 40,
-                      send_forced ? 0 : WEFT__SEND_THREAD_PASS_BYTES, &v,
-                      errmsg, errlen)) != 0)
+                      send_forced ? 0
+                      : cores_per_rank(cfg, WEFT__SEND_THREAD_CORES)
+                          ? WEFT__SEND_THREAD_PASS_BYTES
+                          : WEFT__SEND_THREAD_SHARED_PASS_BYTES,
+                      &v, errmsg, errlen)) != 0)
         return rc;
     cfg->send_thread_pass_bytes = (size_t)v;
 

@@ -159,17 +159,20 @@
  * transport's own while progress() reads and reduces: plain sockets that
  * send on a second thread moved 1.1-1.7x more at 4 and 8 ranks on the
  * 16-core host (bench/tcp-bound stream -T). Unset, on where the host has
- * SEND_THREAD_CORES cores per rank, one for each of the three threads
- * (progress, reducer, sender): with two (8 ranks on that host, loopback
- * TCP) all_reduce from 512 KiB to 8 MiB moved 1.1-1.3x more without it,
- * 16 MiB the same and 32-64 MiB 0.95x (devbuild/p20.sh, medians of 5
- * rounds). Below the pass size the hand-over costs more than it
- * overlaps: 2 and 4 ranks, 128 KiB to 1 MiB, 1.2-2x more without it
- * (p17.sh, p19.sh); a ring's passes from 1 MiB up gain (4 ranks, 2-8
- * MiB: 1.05-1.2x). */
-#define WEFT__SEND_THREAD_CORES 3
+ * REDUCE_THREAD_CORES cores per rank (as the reducer). Below the pass size
+ * the hand-over costs more than it overlaps: 2 and 4 ranks, 128 KiB to 1
+ * MiB, 1.2-2x more without it (devbuild/p17.sh, p19.sh); a ring's passes
+ * from 1 MiB up gain (4 ranks, 2-8 MiB: 1.05-1.2x). Where the host has
+ * fewer than SEND_THREAD_CORES cores per rank, one for each busy thread
+ * (progress, reducer, sender), the three share them, and the pass size is
+ * SHARED_PASS_BYTES: 8 ranks on that host over loopback, all_reduce from
+ * 512 KiB to 8 MiB moved 1.1-1.3x more without the thread (p16.sh,
+ * p20.sh), 32-64 MiB 1.03-1.19x more with it (p20.sh, p21.sh, p22.sh:
+ * medians of 3-5 rounds). */
 #define WEFT__SEND_THREAD_MIN_BYTES (64 * 1024)
 #define WEFT__SEND_THREAD_PASS_BYTES (1024 * 1024)
+#define WEFT__SEND_THREAD_CORES 3
+#define WEFT__SEND_THREAD_SHARED_PASS_BYTES (16 * 1024 * 1024)
 #define WEFT__REDUCE_THREAD_MIN_BYTES (64 * 1024)
 /* And only in a pass that reduces at least this many bytes in all
  * (WEFT_REDUCE_THREAD_PASS_BYTES): 0 (every pass) but where every rank is
