@@ -161,13 +161,13 @@
  * 16-core host (bench/tcp-bound stream -T). Unset, on where the host has
  * REDUCE_THREAD_CORES cores per rank (as the reducer). Below the pass size
  * the hand-over costs more than it overlaps: 2 and 4 ranks, 128 KiB to 1
- * MiB, 1.2-2x more without it (devbuild/p17.sh, p19.sh); a ring's passes
+ * MiB, 1.05-1.4x more without it (devbuild/p16.sh); a ring's passes
  * from 1 MiB up gain (4 ranks, 2-8 MiB: 1.05-1.2x). Where the host has
  * fewer than SEND_THREAD_CORES cores per rank, one for each busy thread
  * (progress, reducer, sender), the three share them, and the pass size is
  * SHARED_PASS_BYTES: 8 ranks on that host over loopback, all_reduce from
  * 512 KiB to 8 MiB moved 1.1-1.3x more without the thread (p16.sh,
- * p20.sh), 32-64 MiB 1.03-1.19x more with it (p20.sh, p21.sh, p22.sh:
+ * p20.sh), 32-64 MiB 0.98-1.19x as much with it (p19.sh to p22.sh:
  * medians of 3-5 rounds). */
 #define WEFT__SEND_THREAD_MIN_BYTES (64 * 1024)
 #define WEFT__SEND_THREAD_PASS_BYTES (1024 * 1024)
@@ -184,8 +184,8 @@
  * difference from 2 MiB). */
 #define WEFT__REDUCE_THREAD_SHM_PASS_BYTES (2 * 1024 * 1024)
 /* The same over loopback TCP (every rank on one host, shared memory off):
- * 2 ranks, whose ring reduces half the call in one pass, moved 1.2-1.7x
- * more at 128 KiB-1 MiB without the thread, the same from 2 MiB
+ * 2 ranks, whose ring reduces half the call in one pass, moved 1.4-1.5x
+ * more at 128-512 KiB without the thread, the same from 1 MiB
  * (devbuild/p16.sh); larger rank counts run recursive halving there,
  * which never uses it. */
 #define WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES (1024 * 1024)
