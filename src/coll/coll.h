@@ -67,6 +67,15 @@ int weft__box_reduce_scatter(weft__task *t);
  * Their exchanges of headers are the mesh's all-gather, so every pair
  * must be wired. */
 int weft__pull_all_reduce(weft__task *t);
+/* Its phases, for an algorithm that runs them among t->g (the ranks of
+ * one host: hier.c) with a step of its own on this rank's share between
+ * them: _start publishes the buffers and runs next; _reduce reduces this
+ * member's share (weft__plan_chunk of count over t->g.n) of every input
+ * into recvbuf; _gather waits for every member's share, reads the others
+ * and ends the call. */
+int weft__pull_share_start(weft__task *t, weft__task_fn next);
+int weft__pull_share_reduce(weft__task *t);
+int weft__pull_share_gather(weft__task *t);
 int weft__pull_reduce_scatter(weft__task *t);
 int weft__pull_all_gather(weft__task *t);
 int weft__pull_broadcast(weft__task *t);

@@ -72,10 +72,39 @@ static int hier_cross(weft__task *t)
     return rc;
 }
 
+/* The same with phases 1 and 3 by one-copy reads (c->pull_host): phase
+ * 2 runs on this rank's share, reduced over the host, between them. */
+static int pull_cross(weft__task *t)
+{
+    const weft__group across = hier_across(t->c);
+    const size_t es = weft_dtype_size(t->a.dtype);
+    const weft__region mine = weft__plan_chunk(t->a.count, t->g.n, t->g.me);
+    char *chunk = (char *)t->a.recvbuf + mine.off * es;
+    weft__args xa = t->a;
+    int rc;
+
+    if ((rc = weft__pull_share_reduce(t)) != WEFT_OK)
+        return rc;
+    xa.sendbuf = chunk;
+    xa.recvbuf = chunk;
+    xa.count = mine.len;
+    rc = weft__task_sub_in(t, &across, &xa,
+                           hier_mesh_across(t->c) ? weft__mesh_all_reduce
+                                                  : weft__ring_all_reduce);
+    if (rc == WEFT_OK)
+        t->next = weft__pull_share_gather;
+    return rc;
+}
+
 int weft__hier_all_reduce(weft__task *t)
 {
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    const size_t from = t->c->cfg->hier_pull_all_reduce_bytes;
+
     /* Phase 1 among this host's ranks. */
     t->g = hier_host(t->c);
+    if (t->c->pull_host && from != 0 && bytes >= from)
+        return weft__pull_share_start(t, pull_cross);
     t->next = hier_cross;
     return weft__mesh_chunks_scatter(t);
 }

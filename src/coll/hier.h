@@ -21,7 +21,10 @@
  *    ring's, around the hosts), the L groups at once on the cables;
  * 3. within the host, a direct all-gather of the L chunks.
  * Each element is reduced on one rank in each phase and copied to the
- * others, so every rank ends with the same bits. Needs count >= nranks. */
+ * others, so every rank ends with the same bits. Needs count >= nranks.
+ * From cfg->hier_pull_all_reduce_bytes, where this rank can read its
+ * host's ranks (c->pull_host), phases 1 and 3 are one-copy reads
+ * (coll/pull.c, weft__pull_share_*) with the same chunks. */
 int weft__hier_all_reduce(weft__task *t);
 
 /* All_gather (block r of recvbuf is rank r's) in three phases:

@@ -33,6 +33,7 @@
 #include "coll/coll.h"
 
 #include "base/kernels.h"
+#include "engine/plan.h"
 #include "engine/pool.h"
 #include "mesh/mesh.h"
 
@@ -88,10 +89,12 @@ typedef struct pull_job {
     const char *err_what;
 } pull_job;
 
-/* The first element of rank p's share of count elements. */
+/* The first element of member p's share of count elements (p == n: the
+ * end): the chunks of weft__plan_chunk, which the hierarchical all_reduce
+ * reduces across the hosts (hier.c). */
 static size_t share_at(size_t count, int n, int p)
 {
-    return (size_t)((unsigned __int128)count * (unsigned)p / (unsigned)n);
+    return weft__plan_chunk(count, n, p).off;
 }
 
 static uint64_t addr_of(const weft__task *t, int p, int which)
@@ -129,14 +132,17 @@ static int part_go(pull_job *j)
     return 1;
 }
 
+/* Reads from member p of the task's group (a real rank: the whole job,
+ * or the ranks of this host in a hierarchical call). */
 static void read_part(pull_job *j, int p, void *dst, uint64_t addr, size_t len,
                       const char *what)
 {
+    const int peer = weft__group_rank(&j->t->g, p);
     int e = 0;
-    int rc = weft__peer_read(j->t->c, p, dst, addr, len, &e);
+    int rc = weft__peer_read(j->t->c, peer, dst, addr, len, &e);
 
     if (rc != 0)
-        part_fail(j, rc, p, e, what);
+        part_fail(j, rc, peer, e, what);
 }
 
 /* Phase 2, part i: elements [lo + i * chunk, ...) of every rank's input,
@@ -351,26 +357,41 @@ static int ar_copy(weft__task *t)
     return last_barrier(t);
 }
 
-/* Phase 2, then the barrier before phase 4. */
-static int ar_reduce(weft__task *t)
+int weft__pull_share_reduce(weft__task *t)
+{
+    const int n = t->g.n, me = t->g.me;
+
+    return run_reduce(t, share_at(t->a.count, n, me),
+                      share_at(t->a.count, n, me + 1), 0, t->a.recvbuf);
+}
+
+int weft__pull_share_gather(weft__task *t)
 {
     weft__args none = {0};
-    const int n = t->g.n, me = t->g.me;
     int rc;
 
-    if ((rc = run_reduce(t, share_at(t->a.count, n, me),
-                         share_at(t->a.count, n, me + 1), 0, t->a.recvbuf)) !=
-        WEFT_OK)
-        return rc;
     if ((rc = weft__task_sub(t, &none, pull_barrier)) != 0)
         return rc;
     t->next = ar_copy;
     return WEFT_OK;
 }
 
+/* Phase 2, then the barrier before phase 4. */
+static int ar_reduce(weft__task *t)
+{
+    int rc = weft__pull_share_reduce(t);
+
+    return rc != WEFT_OK ? rc : weft__pull_share_gather(t);
+}
+
+int weft__pull_share_start(weft__task *t, weft__task_fn next)
+{
+    return publish(t, t->a.sendbuf, t->a.recvbuf, next);
+}
+
 int weft__pull_all_reduce(weft__task *t)
 {
-    return publish(t, t->a.sendbuf, t->a.recvbuf, ar_reduce);
+    return weft__pull_share_start(t, ar_reduce);
 }
 
 /* ---- reduce_scatter ---- */

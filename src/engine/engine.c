@@ -1626,16 +1626,28 @@ static void box_announce(run *r)
 
 /* ---- the one-copy all_reduce's set-up (engine.h) ---- */
 
+/* Whether this rank can read ranks [lo, lo + n) but itself. */
+static int can_read_all(weft__ctx *c, int lo, int n)
+{
+    for (int p = lo; p < lo + n; p++)
+        if (p != c->rank && !c->tpo->can_read(c->tp, p))
+            return 0;
+    return 1;
+}
+
 void weft__pull_init(weft__ctx *c)
 {
+    const int local = c->cfg->hier_local;
+
     c->pull = 0;
-    if (c->nranks > WEFT__MESH_MAX_RANKS || c->cfg->pull_threads < 1 ||
-        c->tpo->can_read == NULL || c->tpo->peer_read == NULL)
+    c->pull_host = 0;
+    if (c->cfg->pull_threads < 1 || c->tpo->can_read == NULL ||
+        c->tpo->peer_read == NULL)
         return;
-    for (int p = 0; p < c->nranks; p++)
-        if (p != c->rank && !c->tpo->can_read(c->tp, p))
-            return;
-    c->pull = 1;
+    c->pull =
+        c->nranks <= WEFT__MESH_MAX_RANKS && can_read_all(c, 0, c->nranks);
+    c->pull_host = local >= 2 && local <= WEFT__MESH_MAX_RANKS &&
+                   can_read_all(c, c->rank - c->rank % local, local);
 }
 
 weft__pool *weft__ctx_pool(weft__ctx *c)

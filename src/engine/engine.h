@@ -75,6 +75,10 @@ typedef struct weft__ctx {
      * on this host, and readable: weft__pull_init), and the threads that
      * run its parts, started by its first call (weft__ctx_pool). */
     int pull;
+    /* 1 where a hierarchical all_reduce may read the memory of this
+     * host's ranks (cfg->hier_local, every one of them readable), for
+     * its phases within the host (coll/hier.c). */
+    int pull_host;
     struct weft__pool *pool;
     /* Its calls' buffers, per rank: what peers read, what they write to;
      * and a result's copy where it cannot go to recvbuf at once (a
@@ -255,7 +259,8 @@ int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
 /* Sets c->pull: the job's configuration allows the one-copy collectives
  * (cfg->pull_threads not 0) and this rank
  * can read every peer's memory and be read by it (the transport's
- * can_read; every peer on this host). */
+ * can_read; every peer on this host); and c->pull_host: the same for the
+ * ranks of this host where hosts run several ranks (cfg->hier_local). */
 void weft__pull_init(weft__ctx *c);
 
 /* c's pool of cfg->pull_threads threads (engine/pool.h), started on the

@@ -55,6 +55,13 @@
 #define WEFT__PULL_ALL_GATHER_BYTES (4 * 1024 * 1024)
 #define WEFT__PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
 #define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
+/* The hierarchical all_reduce (hosts of several ranks) by the same reads
+ * within each host, its phase across the hosts on this rank's share in
+ * between (WEFT_HIER_PULL_ALL_REDUCE_BYTES, per rank; coll/hier.c). Two
+ * "hosts" of 2 and of 4 ranks on the 16-core host, joined over loopback
+ * (devbuild/hier.sh, medians of 3 and 5 rounds): 0.64-1.16x the frames
+ * at 4 MiB (below in 3 of 4 medians), 1.24-2.0x from 8 MiB. */
+#define WEFT__HIER_PULL_ALL_REDUCE_BYTES (8 * 1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
@@ -256,6 +263,7 @@ typedef struct weft__config {
     size_t pull_all_gather_bytes; /* ... all_gather (a rank's block) */
     size_t pull_reduce_scatter_bytes; /* ... reduce_scatter (likewise) */
     size_t pull_broadcast_bytes;      /* ... broadcast (the buffer) */
+    size_t hier_pull_all_reduce_bytes; /* ... within hosts of a hier one */
     int pull_threads; /* their threads per rank (0: off) */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */

@@ -1166,14 +1166,14 @@ Test(env, reduce_thread_not_0_or_1, .timeout = 30)
     env_dir_remove(&d);
 }
 
-/* The thresholds whose defaults depend on the transport: a value out of
- * range is an error that names the variable, not a fall-back to the
- * default. */
+/* The thresholds whose defaults depend on the transport, and the
+ * hierarchical one-copy all_reduce's: a value out of range is an error
+ * that names the variable, not a fall-back to the default. */
 Test(env, transport_thresholds_out_of_range, .timeout = 30)
 {
-    static const char *const names[] = {"WEFT_HALVING_ALL_REDUCE_BYTES",
-                                        "WEFT_REDUCE_THREAD_PASS_BYTES",
-                                        "WEFT_HIER_BROADCAST_BYTES"};
+    static const char *const names[] = {
+        "WEFT_HALVING_ALL_REDUCE_BYTES", "WEFT_REDUCE_THREAD_PASS_BYTES",
+        "WEFT_HIER_BROADCAST_BYTES", "WEFT_HIER_PULL_ALL_REDUCE_BYTES"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         struct env_dir d;
         env_dir_make(&d);

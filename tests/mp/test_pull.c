@@ -11,7 +11,10 @@
  * weft_abort ends it; posted calls on one buffer run in order; its threads
  * start with its first call (that is how this test knows the path ran) and
  * are gone after weft_finalize; where a rank's memory cannot be read, no
- * rank takes this path and results are still right.
+ * rank takes this path and results are still right. Where hosts run
+ * several ranks, the hierarchical all_reduce reads within each host the
+ * same way (its phases across the hosts over TCP): right results, its
+ * threads, and a peer killed mid-loop.
  *
  * The thresholds are lowered here (the 2-core CI machine has one core
  * per rank, where the path is off unless asked for).
@@ -52,10 +55,26 @@ static struct pull_shm *shm(void)
     return mp_shm();
 }
 
+/* The ranks' hostfile: one host, or hosts of two ranks (hier_env). */
+static enum mp_layout layout = MP_LAYOUT_ONE_HOST;
+
+/* Hosts of two ranks each, whose all_reduce runs hierarchically at every
+ * size (count >= ranks) with no TCP sending thread (threads_rank counts
+ * threads). */
+static void hier_env(void)
+{
+    layout = MP_LAYOUT_PAIRS;
+    setenv("WEFT_HIER", "1", 1);
+    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
+    setenv("WEFT_HIER_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
+    setenv("WEFT_SEND_THREAD", "0", 1);
+}
+
 static void run_job_env(int nranks, mp_rank_fn fn, void *arg,
                         const char *threads, const char *what)
 {
-    struct mp_opts o = {.nranks = nranks, .timeout_ms = TIMEOUT_MS};
+    struct mp_opts o = {
+        .nranks = nranks, .timeout_ms = TIMEOUT_MS, .layout = layout};
     struct mp_result res;
     char buf[1024];
 
@@ -167,10 +186,14 @@ Test(pull, every_rank_ends_with_the_same_bits, .timeout = 120)
 
 /* The threads a large all_reduce adds (its pool: THREADS - 1 helpers),
  * and those left after weft_finalize; then a second communicator in the
- * same process does it again. */
+ * same process does it again. *arg: 0, every rank readable; 1, rank 0
+ * not, and no rank takes the path; 2, rank 0 not in hosts of two ranks,
+ * and only the ranks of the other hosts take it. */
 static int threads_rank(int rank, int nranks, void *arg)
 {
     const int refused = *(const int *)arg;
+    const int expect =
+        refused == 0 || (refused == 2 && rank >= 2) ? THREADS - 1 : 0;
     const size_t n = (1 << 20) + 5;
     float *v = mp_alloc(n * sizeof *v);
     int before, after_small, fail = 0;
@@ -221,12 +244,12 @@ static int threads_rank(int rank, int nranks, void *arg)
         if (weft_finalize(c) != WEFT_OK)
             fail = 1;
         shm()->threads_left[rank] = mp_threads() - before;
-        if (shm()->threads_added[rank] != (refused ? 0 : THREADS - 1) ||
+        if (shm()->threads_added[rank] != expect ||
             shm()->threads_left[rank] != 0) {
             mp_log("round %d: the large all_reduce added %d threads (%d "
                    "expected), %d more than before weft_init after "
                    "weft_finalize",
-                   round, shm()->threads_added[rank], refused ? 0 : THREADS - 1,
+                   round, shm()->threads_added[rank], expect,
                    shm()->threads_left[rank]);
             fail = 1;
         }
@@ -402,7 +425,8 @@ static int gone_rank(int rank, int nranks, void *arg)
 
 static void run_gone(int abort, int nranks)
 {
-    struct mp_opts o = {.nranks = nranks, .timeout_ms = TIMEOUT_MS};
+    struct mp_opts o = {
+        .nranks = nranks, .timeout_ms = TIMEOUT_MS, .layout = layout};
     struct mp_result res;
     char buf[1024];
 
@@ -431,6 +455,60 @@ Test(pull, a_peer_killed_mid_loop_is_epeer, .timeout = 120)
 Test(pull, weft_abort_ends_it_and_the_peers_see_it, .timeout = 120)
 {
     run_gone(1, 3);
+}
+
+/* ---- hosts of several ranks ---- */
+
+/* 2 hosts of 2 ranks and 3 of 2: every dtype's sum and max, in place and
+ * not, then the threads as on one host (the large call starts them). */
+static int hier_results_rank(int rank, int nranks, void *arg)
+{
+    static const weft_dtype some[] = {WEFT_INT32, WEFT_FLOAT32, WEFT_BFLOAT16,
+                                      WEFT_FLOAT64};
+    weft_comm *c;
+    int fail = 0;
+
+    (void)arg;
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (size_t d = 0; d < sizeof some / sizeof some[0] && !fail; d++) {
+        const size_t es = weft_dtype_size(some[d]);
+        const size_t counts[] = {4096 / es, (1 << 20) / es + 7};
+
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0] && !fail; k++)
+            for (int o = 0; o < 2 && !fail; o++)
+                fail = mp_small_all_reduce(c, some[d], o ? WEFT_MAX : WEFT_SUM,
+                                           counts[k], (int)((k + o + d) & 1),
+                                           rank, nranks);
+    }
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(pull, hosts_of_several_ranks_read_within_their_host, .timeout = 300)
+{
+    static const int readable = 0;
+
+    hier_env();
+    run_job(4, hier_results_rank, NULL, "results, 2 hosts of 2 ranks");
+    run_job(6, hier_results_rank, NULL, "results, 3 hosts of 2 ranks");
+    run_job(4, threads_rank, (void *)&readable, "threads, 2 hosts of 2");
+}
+
+/* Rank 0 unreadable: its host's ranks take the frames' path within the
+ * host, the other host's the reads; the phase across the hosts is the
+ * same either way (the same chunks), so results are right everywhere. */
+Test(pull, hosts_of_several_ranks_one_unreadable, .timeout = 120)
+{
+    static const int refused = 2;
+
+    hier_env();
+    run_job(4, threads_rank, (void *)&refused, "rank 0 unreadable, 2 hosts");
+}
+
+Test(pull, hosts_of_several_ranks_a_peer_killed_is_epeer, .timeout = 120)
+{
+    hier_env();
+    run_gone(0, 4);
 }
 
 /* ---- posted calls ---- */
