@@ -62,6 +62,16 @@ int mp_threads(void)
     return n;
 }
 
+int mp_threads_settle(int want, int ms)
+{
+    double end = mp_now_ms() + ms;
+    int n;
+
+    while ((n = mp_threads()) > want && mp_now_ms() < end)
+        mp_sleep_ms(1);
+    return n;
+}
+
 double mp_now_ms(void)
 {
     struct timespec ts;

@@ -178,6 +178,12 @@ void mp_sleep_ms(int ms);
 /* How many threads this process has now (/proc/self/task), or -1. */
 int mp_threads(void);
 
+/* The same once it is at most want, or after ms milliseconds: a thread
+ * that pthread_join has returned for stays in /proc/self/task until the
+ * kernel has released it, a moment later (joining wakes on the thread's
+ * tid being cleared, which comes first). */
+int mp_threads_settle(int want, int ms);
+
 /* Prints "[rank R] ..." to stderr (R is this child's rank, or "parent"). */
 void mp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

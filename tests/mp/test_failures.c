@@ -579,9 +579,9 @@ static int send_thread_held_rank(int rank, int nranks, void *arg)
         fail = 1;
     }
     fail |= finalize_promptly(c, "with the sending thread held");
-    if (mp_threads() > base) {
+    if ((with = mp_threads_settle(base, 1000)) > base) {
         mp_log("%d threads after weft_finalize, %d before the large calls",
-               mp_threads(), base);
+               with, base);
         fail = 1;
     }
     return fail;
@@ -612,7 +612,7 @@ Test(failures, send_thread_held_by_stopped_peer, .timeout = 120)
 static int send_thread_large_passes_rank(int rank, int nranks, void *arg)
 {
     weft_comm *c;
-    int base, fail = 0;
+    int base, left, fail = 0;
 
     (void)arg;
     if (mp_init(&c, rank, nranks) != WEFT_OK)
@@ -635,9 +635,9 @@ static int send_thread_large_passes_rank(int rank, int nranks, void *arg)
     }
     fail |= checked_all_reduce(c, rank, nranks, 2, (size_t)1 << 18);
     fail |= finalize_promptly(c, "after the sending thread ran");
-    if (mp_threads() > base) {
-        mp_log("%d threads after weft_finalize, %d before the calls",
-               mp_threads(), base);
+    if ((left = mp_threads_settle(base, 1000)) > base) {
+        mp_log("%d threads after weft_finalize, %d before the calls", left,
+               base);
         fail = 1;
     }
     return fail;

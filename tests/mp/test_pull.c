@@ -243,7 +243,7 @@ static int threads_rank(int rank, int nranks, void *arg)
         shm()->threads_added[rank] = mp_threads() - after_small;
         if (weft_finalize(c) != WEFT_OK)
             fail = 1;
-        shm()->threads_left[rank] = mp_threads() - before;
+        shm()->threads_left[rank] = mp_threads_settle(before, 1000) - before;
         if (shm()->threads_added[rank] != expect ||
             shm()->threads_left[rank] != 0) {
             mp_log("round %d: the large all_reduce added %d threads (%d "
