@@ -50,8 +50,8 @@ static int hier_gather(weft__task *t)
 }
 
 /* Phase 2: this rank's chunk, reduced over the host, all_reduced with the
- * same chunk of every other host, in place. */
-static int hier_cross(weft__task *t)
+ * same chunk of every other host, in place; then next. */
+static int cross_chunk(weft__task *t, weft__task_fn next)
 {
     const weft__group across = hier_across(t->c);
     const size_t es = weft_dtype_size(t->a.dtype);
@@ -60,7 +60,6 @@ static int hier_cross(weft__task *t)
     weft__args xa = t->a;
     int rc;
 
-    weft__mesh_chunks_reduce(t);
     xa.sendbuf = chunk;
     xa.recvbuf = chunk;
     xa.count = mine.len;
@@ -68,32 +67,23 @@ static int hier_cross(weft__task *t)
                            hier_mesh_across(t->c) ? weft__mesh_all_reduce
                                : weft__ring_all_reduce);
     if (rc == WEFT_OK)
-        t->next = hier_gather;
+        t->next = next;
     return rc;
+}
+
+static int hier_cross(weft__task *t)
+{
+    weft__mesh_chunks_reduce(t);
+    return cross_chunk(t, hier_gather);
 }
 
 /* The same with phases 1 and 3 by one-copy reads (c->pull_host): phase
  * 2 runs on this rank's share, reduced over the host, between them. */
 static int pull_cross(weft__task *t)
 {
-    const weft__group across = hier_across(t->c);
-    const size_t es = weft_dtype_size(t->a.dtype);
-    const weft__region mine = weft__plan_chunk(t->a.count, t->g.n, t->g.me);
-    char *chunk = (char *)t->a.recvbuf + mine.off * es;
-    weft__args xa = t->a;
-    int rc;
+    int rc = weft__pull_share_reduce(t);
 
-    if ((rc = weft__pull_share_reduce(t)) != WEFT_OK)
-        return rc;
-    xa.sendbuf = chunk;
-    xa.recvbuf = chunk;
-    xa.count = mine.len;
-    rc = weft__task_sub_in(t, &across, &xa,
-                           hier_mesh_across(t->c) ? weft__mesh_all_reduce
-                                                  : weft__ring_all_reduce);
-    if (rc == WEFT_OK)
-        t->next = weft__pull_share_gather;
-    return rc;
+    return rc != WEFT_OK ? rc : cross_chunk(t, weft__pull_share_gather);
 }
 
 int weft__hier_all_reduce(weft__task *t)

@@ -528,6 +528,16 @@ Test(failures, mesh_stopped_peer_then_reinit, .timeout = 120)
     ((size_t)8 << 20) /* 32 MiB of int32: more than sockets hold */
 #define HELD_TIMEOUT_MS 1500
 
+/* TCP's sending thread on, whatever transport the suite runs over
+ * (tests/rdma), and the reducer off: the only thread a call can start. */
+static void send_thread_env(void)
+{
+    setenv("WEFT_TRANSPORT", "tcp", 1);
+    setenv("WEFT_SHM", "0", 1);
+    setenv("WEFT_SEND_THREAD", "1", 1);
+    setenv("WEFT_REDUCE_THREAD", "0", 1);
+}
+
 /* Over loopback TCP, the large batches leave from the sending thread
  * (WEFT_SEND_THREAD=1; the reducer off, so that the thread counted is
  * that one, started by the first large call). Rank 1
@@ -592,11 +602,7 @@ Test(failures, send_thread_held_by_stopped_peer, .timeout = 120)
     struct mp_opts o = fail_opts(2);
     struct mp_result res;
 
-    /* TCP's, whatever transport the suite runs over (tests/rdma). */
-    setenv("WEFT_TRANSPORT", "tcp", 1);
-    setenv("WEFT_SHM", "0", 1);
-    setenv("WEFT_SEND_THREAD", "1", 1);
-    setenv("WEFT_REDUCE_THREAD", "0", 1);
+    send_thread_env();
     o.linger_mask = 1u << 1;
     cr_assert_eq(mp_run(&o, send_thread_held_rank, NULL, &res), 0);
     assert_job_passed(&res, "rank 1 stopped, rank 0's sends held");
@@ -648,11 +654,8 @@ Test(failures, send_thread_large_passes_only, .timeout = 120)
     struct mp_opts o = fail_opts(2);
     struct mp_result res;
 
-    setenv("WEFT_TRANSPORT", "tcp", 1);
-    setenv("WEFT_SHM", "0", 1);
-    setenv("WEFT_SEND_THREAD", "1", 1);
+    send_thread_env();
     setenv("WEFT_SEND_THREAD_PASS_BYTES", "4194304", 1);
-    setenv("WEFT_REDUCE_THREAD", "0", 1);
     cr_assert_eq(mp_run(&o, send_thread_large_passes_rank, NULL, &res), 0);
     assert_job_passed(&res, "the sending thread only for large passes");
 }
