@@ -76,6 +76,26 @@ int weft__pull_all_reduce(weft__task *t);
 int weft__pull_share_start(weft__task *t, weft__task_fn next);
 int weft__pull_share_reduce(weft__task *t);
 int weft__pull_share_gather(weft__task *t);
+/* The pieces, for the hierarchical all_gather and reduce_scatter
+ * (hier.c), among t->g:
+ * - _publish makes src and dst the buffers that this rank's peers read,
+ *   gathers every member's (a pass among t->g that compares the calls),
+ *   then runs next;
+ * - _reduce reduces, in member order, elements src_at + lo .. src_at + hi
+ *   of every member's src into elements lo .. hi of out;
+ * - _sync is a barrier among t->g, then next;
+ * - _gather_blocks reads, from every other member p, nblocks blocks of
+ *   block bytes at p * block + k * stride of its dst into the same place
+ *   of this rank's recvbuf, then the last barrier (no rank leaves while
+ *   its buffers may still be read) ends the call.
+ * A failed read, the deadline or weft_abort fails the call. */
+int weft__pull_publish(weft__task *t, const void *src, const void *dst,
+                       weft__task_fn next);
+int weft__pull_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
+                      void *out);
+int weft__pull_sync(weft__task *t, weft__task_fn next);
+int weft__pull_gather_blocks(weft__task *t, size_t block, size_t stride,
+                             int nblocks);
 int weft__pull_reduce_scatter(weft__task *t);
 int weft__pull_all_gather(weft__task *t);
 int weft__pull_broadcast(weft__task *t);

@@ -86,14 +86,20 @@ static int pull_cross(weft__task *t)
     return rc != WEFT_OK ? rc : cross_chunk(t, weft__pull_share_gather);
 }
 
+/* Whether the phases within the host are one-copy reads: this rank can
+ * read its host's ranks (and so can every rank of the host) and the call
+ * moves from bytes per rank (0: never). */
+static int hier_pull(const weft__task *t, size_t from)
+{
+    return t->c->pull_host && from != 0 &&
+           t->a.count * weft_dtype_size(t->a.dtype) >= from;
+}
+
 int weft__hier_all_reduce(weft__task *t)
 {
-    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
-    const size_t from = t->c->cfg->hier_pull_all_reduce_bytes;
-
     /* Phase 1 among this host's ranks. */
     t->g = hier_host(t->c);
-    if (t->c->pull_host && from != 0 && bytes >= from)
+    if (hier_pull(t, t->c->cfg->hier_pull_all_reduce_bytes))
         return weft__pull_share_start(t, pull_cross);
     t->next = hier_cross;
     return weft__mesh_chunks_scatter(t);
@@ -133,7 +139,8 @@ static void gather_step(const weft__task *t, const void *arg, int p, int k,
                           (char *)t->a.recvbuf + at, bytes};
 }
 
-static int gather_host(weft__task *t)
+/* The column's blocks of the other hosts into their places in recvbuf. */
+static int gather_place(weft__task *t)
 {
     const int nhosts = t->c->cfg->nhosts, local = t->g.n;
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
@@ -151,12 +158,38 @@ static int gather_host(weft__task *t)
         memcpy(rb + ((size_t)s * (size_t)local + (size_t)t->g.me) * bytes,
                t->scratch + (size_t)s * bytes, bytes);
     }
-    return weft__mesh_exchange_steps(t, nhosts - 1, gather_step, NULL);
+    return WEFT_OK;
+}
+
+static int gather_host(weft__task *t)
+{
+    int rc = gather_place(t);
+
+    return rc != WEFT_OK ? rc
+                         : weft__mesh_exchange_steps(t, t->c->cfg->nhosts - 1,
+                                                     gather_step, NULL);
+}
+
+/* The same by one-copy reads (c->pull_host): once every rank of the host
+ * placed its column (a barrier), each reads the column of every other. */
+static int pull_gather_read(weft__task *t)
+{
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+
+    return weft__pull_gather_blocks(t, bytes, bytes * (size_t)t->g.n,
+                                    t->c->cfg->nhosts);
+}
+
+static int pull_gather_place(weft__task *t)
+{
+    int rc = gather_place(t);
+
+    return rc != WEFT_OK ? rc : weft__pull_sync(t, pull_gather_read);
 }
 
 /* Phase 2: this rank's block, now in its place, to the ranks of its local
- * index; theirs into the column. */
-static int gather_across(weft__task *t)
+ * index; theirs into the column; then next. */
+static int gather_column(weft__task *t, weft__task_fn next)
 {
     const weft__group across = hier_across(t->c);
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
@@ -172,8 +205,18 @@ static int gather_across(weft__task *t)
                            hier_mesh_across(t->c) ? weft__mesh_all_gather
                                                   : weft__ring_all_gather);
     if (rc == WEFT_OK)
-        t->next = gather_host;
+        t->next = next;
     return rc;
+}
+
+static int gather_across(weft__task *t)
+{
+    return gather_column(t, gather_host);
+}
+
+static int pull_gather_across(weft__task *t)
+{
+    return gather_column(t, pull_gather_place);
 }
 
 int weft__hier_all_gather(weft__task *t)
@@ -182,9 +225,18 @@ int weft__hier_all_gather(weft__task *t)
     weft__args xa = t->a;
     int rc;
 
+    t->g = hier_host(t->c);
+    if (hier_pull(t, t->c->cfg->hier_pull_all_gather_bytes)) {
+        char *own = (char *)t->a.recvbuf + (size_t)t->c->rank * bytes;
+
+        /* Phase 1 publishes this rank's block, in its place, and recvbuf
+         * (a pass among the host's ranks, like the frames'). */
+        if ((const char *)t->a.sendbuf != own)
+            memmove(own, t->a.sendbuf, bytes);
+        return weft__pull_publish(t, own, t->a.recvbuf, pull_gather_across);
+    }
     /* Phase 1: the host's row of recvbuf (the mesh's all_gather reads
      * sendbuf before anything lands, so recvbuf may hold it). */
-    t->g = hier_host(t->c);
     xa.recvbuf = (char *)t->a.recvbuf + (size_t)t->g.base * bytes;
     rc = weft__task_sub_in(t, &t->g, &xa, weft__mesh_all_gather);
     if (rc == WEFT_OK)
@@ -242,14 +294,81 @@ static int scatter_across(weft__task *t)
                                  : weft__ring_reduce_scatter);
 }
 
+/* The same with phase 1 by one-copy reads (c->pull_host): this rank reads
+ * block h*L + i of every host h from every rank of its host and reduces
+ * them, in local-rank order, into the column in c->pull_tmp. Phase 2
+ * lands its block in recvbuf, or, where recvbuf overlaps a block of
+ * sendbuf that the host's other ranks read, in a copy after the column,
+ * moved into place after the last barrier (no rank reads this rank's
+ * sendbuf from then on). */
+static int pull_scatter_direct(const weft__task *t)
+{
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+    const uintptr_t s = (uintptr_t)t->a.sendbuf, r = (uintptr_t)t->a.recvbuf;
+    const size_t local = (size_t)t->g.n;
+
+    /* Or a block of this rank's column, which only it reads (before). */
+    return r + bytes <= s || r >= s + bytes * (size_t)t->c->nranks ||
+           (r >= s && (r - s) % bytes == 0 &&
+            (r - s) / bytes % local == (size_t)t->g.me);
+}
+
+static int pull_scatter_place(weft__task *t)
+{
+    const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
+
+    memcpy(t->a.recvbuf,
+           (char *)t->c->pull_tmp + bytes * (size_t)t->c->cfg->nhosts, bytes);
+    return WEFT_OK;
+}
+
+static int pull_scatter_end(weft__task *t)
+{
+    return weft__pull_sync(t,
+                           pull_scatter_direct(t) ? NULL : pull_scatter_place);
+}
+
+static int pull_scatter_across(weft__task *t)
+{
+    const weft__group across = hier_across(t->c);
+    const size_t count = t->a.count;
+    const size_t bytes = count * weft_dtype_size(t->a.dtype);
+    char *column = t->c->pull_tmp;
+    weft__args xa = t->a;
+    int rc;
+
+    for (int s = 0; s < across.n; s++)
+        if ((rc = weft__pull_reduce(
+                 t, 0, count, ((size_t)s * (size_t)t->g.n + (size_t)t->g.me) *
+                                  count,
+                 column + (size_t)s * bytes)) != WEFT_OK)
+            return rc;
+    xa.sendbuf = column;
+    if (!pull_scatter_direct(t))
+        xa.recvbuf = column + (size_t)across.n * bytes;
+    rc = weft__task_sub_in(t, &across, &xa,
+                           hier_mesh_across(t->c) ? weft__mesh_reduce_scatter
+                                                  : weft__ring_reduce_scatter);
+    if (rc == WEFT_OK)
+        t->next = pull_scatter_end;
+    return rc;
+}
+
 int weft__hier_reduce_scatter(weft__task *t)
 {
     const int nhosts = t->c->cfg->nhosts;
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
     int rc;
 
-    /* Every member's copy of this rank's column, then the column. */
     t->g = hier_host(t->c);
+    if (hier_pull(t, t->c->cfg->hier_pull_reduce_scatter_bytes)) {
+        /* The column, and the copy of the result after it. */
+        if ((rc = weft__pull_tmp(t->c, bytes * (size_t)(nhosts + 1))) != 0)
+            return rc;
+        return weft__pull_publish(t, t->a.sendbuf, t->a.recvbuf,
+                                  pull_scatter_across);
+    }
+    /* Every member's copy of this rank's column, then the column. */
     if ((rc = weft__scratch(t->c,
                             bytes * (size_t)nhosts * (size_t)(t->g.n + 1),
                             (void **)&t->scratch)) != 0)

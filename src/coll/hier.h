@@ -34,7 +34,11 @@ int weft__hier_all_reduce(weft__task *t);
  * 3. within the host, every rank sends the H-1 blocks of the other hosts
  *    it got to every other rank of the host, and theirs land at their
  *    places in recvbuf (one direct exchange, a step a host).
- * Each block crosses the cables once per host. */
+ * Each block crosses the cables once per host. From
+ * cfg->hier_pull_all_gather_bytes (a block), where this rank can read its
+ * host's ranks, phase 1 publishes recvbuf (this rank's block in place)
+ * to the host, and phase 3 is a barrier within the host and one-copy
+ * reads of the other host ranks' columns from their recvbufs. */
 int weft__hier_all_gather(weft__task *t);
 
 /* Reduce_scatter (rank r gets block r, reduced), the mirror:
@@ -44,7 +48,10 @@ int weft__hier_all_gather(weft__task *t);
  * 2. across the hosts, the H ranks of local index i reduce_scatter those
  *    H reduced blocks (the mesh's or the ring's), rank h*L + i ending
  *    with block h*L + i.
- * Each element of the result is reduced on one rank. */
+ * Each element of the result is reduced on one rank. From
+ * cfg->hier_pull_reduce_scatter_bytes (a block), where this rank can read
+ * its host's ranks, phase 1 is one-copy reads of its column of every host
+ * rank's sendbuf, and a barrier within the host ends the call. */
 int weft__hier_reduce_scatter(weft__task *t);
 
 #endif

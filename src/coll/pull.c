@@ -60,12 +60,15 @@
 /* A rank's buffers in c->pull_addr: [2 * rank + SRC], [2 * rank + DST]. */
 enum { SRC = 0, DST = 1 };
 
-/* What phase 4 reads from one peer: bytes at its address src into dst. */
+/* What phase 4 reads from one peer: nblocks blocks of bytes, block k at
+ * its address src + k * stride into dst + k * stride; parts (of the
+ * job's copy bytes) per block. */
 typedef struct pull_seg {
     int peer;
     uint64_t src;
     char *dst;
-    size_t bytes;
+    size_t bytes, stride;
+    int nblocks, parts;
 } pull_seg;
 
 typedef struct pull_job {
@@ -78,7 +81,7 @@ typedef struct pull_job {
     size_t lo, hi, src_at, chunk;
     char *out;
     /* Phase 4: nsegs segments in parts of copy bytes; the parts of
-     * segment s are first[s] .. first[s + 1] - 1. */
+     * segment s are first[s] .. first[s + 1] - 1, block by block. */
     pull_seg segs[WEFT__MESH_MAX_RANKS];
     int nsegs;
     size_t copy;
@@ -176,7 +179,7 @@ static void copy_part(void *arg, int i, void *scratch)
 {
     pull_job *j = arg;
     const pull_seg *sg;
-    size_t at;
+    size_t at, base;
     int s = 0;
 
     (void)scratch;
@@ -185,8 +188,10 @@ static void copy_part(void *arg, int i, void *scratch)
     while (i >= j->first[s + 1])
         s++;
     sg = &j->segs[s];
-    at = (size_t)(i - j->first[s]) * j->copy;
-    read_part(j, sg->peer, sg->dst + at, sg->src + at,
+    i -= j->first[s];
+    base = (size_t)(i / sg->parts) * sg->stride;
+    at = (size_t)(i % sg->parts) * j->copy;
+    read_part(j, sg->peer, sg->dst + base + at, sg->src + base + at,
               sg->bytes - at < j->copy ? sg->bytes - at : j->copy, "result");
 }
 
@@ -210,11 +215,18 @@ static void job_init(pull_job *j, weft__task *t)
     atomic_init(&j->err, 0);
 }
 
+static void job_blocks(pull_job *j, int peer, uint64_t src, char *dst,
+                       size_t bytes, size_t stride, int nblocks)
+{
+    if (bytes > 0 && nblocks > 0)
+        j->segs[j->nsegs++] =
+            (pull_seg){peer, src, dst, bytes, stride, nblocks, 0};
+}
+
 static void job_seg(pull_job *j, int peer, uint64_t src, char *dst,
                     size_t bytes)
 {
-    if (bytes > 0)
-        j->segs[j->nsegs++] = (pull_seg){peer, src, dst, bytes};
+    job_blocks(j, peer, src, dst, bytes, 0, 1);
 }
 
 /* The call fails with a part's failure (the transport is shut down, so
@@ -237,9 +249,9 @@ static int job_fail(pull_job *j)
                                c->rank, name);
     case WEFT_EPEER:
         return weft__call_fail(c, err,
-                               "rank %d: %s: peer %d (same host) left "
-                               "(failed, finalized or died) while this rank "
-                               "read its %s",
+                               "rank %d: %s: peer %d (same host) closed "
+                               "its side (it failed, finalized or died) "
+                               "while this rank read its %s",
                                c->rank, name, j->err_peer, j->err_what);
     default:
         return weft__call_fail(c, err,
@@ -250,10 +262,8 @@ static int job_fail(pull_job *j)
     }
 }
 
-/* Runs phase 2 (elements [lo, hi) of the result into out, from src_at on
- * in the inputs). */
-static int run_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
-                      char *out)
+int weft__pull_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
+                      void *out)
 {
     pull_job j;
     size_t cap, parts;
@@ -282,11 +292,14 @@ static int run_copy(pull_job *j)
     int parts = 0;
 
     for (int s = 0; s < j->nsegs; s++)
-        total += j->segs[s].bytes;
+        total += j->segs[s].bytes * (size_t)j->segs[s].nblocks;
     j->copy = part_size(total, t->c, PULL_COPY_MIN, PULL_COPY_MAX);
     for (int s = 0; s < j->nsegs; s++) {
+        pull_seg *sg = &j->segs[s];
+
+        sg->parts = (int)((sg->bytes + j->copy - 1) / j->copy);
         j->first[s] = parts;
-        parts += (int)((j->segs[s].bytes + j->copy - 1) / j->copy);
+        parts += sg->parts * sg->nblocks;
     }
     j->first[j->nsegs] = parts;
     weft__pool_run(t->c->pool, parts, copy_part, j);
@@ -298,19 +311,26 @@ static int pull_barrier(weft__task *s)
     return weft__barrier(s, weft__mesh_all_gather);
 }
 
+int weft__pull_sync(weft__task *t, weft__task_fn next)
+{
+    weft__args none = {0};
+    int rc;
+
+    if ((rc = weft__task_sub(t, &none, pull_barrier)) != 0)
+        return rc;
+    t->next = next;
+    return WEFT_OK;
+}
+
 /* The last barrier: no rank hands its buffers back while a peer still
  * reads them. */
 static int last_barrier(weft__task *t)
 {
-    weft__args none = {0};
-
-    return weft__task_sub(t, &none, pull_barrier);
+    return weft__pull_sync(t, NULL);
 }
 
-/* Phase 1: publishes src and dst (this rank's buffers that peers read)
- * and starts the gathering of every rank's; then runs next. */
-static int publish(weft__task *t, const void *src, const void *dst,
-                   weft__task_fn next)
+int weft__pull_publish(weft__task *t, const void *src, const void *dst,
+                       weft__task_fn next)
 {
     weft__ctx *c = t->c;
     uint64_t *ad = c->pull_addr + 2 * (size_t)t->g.me;
@@ -361,19 +381,13 @@ int weft__pull_share_reduce(weft__task *t)
 {
     const int n = t->g.n, me = t->g.me;
 
-    return run_reduce(t, share_at(t->a.count, n, me),
-                      share_at(t->a.count, n, me + 1), 0, t->a.recvbuf);
+    return weft__pull_reduce(t, share_at(t->a.count, n, me),
+                             share_at(t->a.count, n, me + 1), 0, t->a.recvbuf);
 }
 
 int weft__pull_share_gather(weft__task *t)
 {
-    weft__args none = {0};
-    int rc;
-
-    if ((rc = weft__task_sub(t, &none, pull_barrier)) != 0)
-        return rc;
-    t->next = ar_copy;
-    return WEFT_OK;
+    return weft__pull_sync(t, ar_copy);
 }
 
 /* Phase 2, then the barrier before phase 4. */
@@ -386,7 +400,7 @@ static int ar_reduce(weft__task *t)
 
 int weft__pull_share_start(weft__task *t, weft__task_fn next)
 {
-    return publish(t, t->a.sendbuf, t->a.recvbuf, next);
+    return weft__pull_publish(t, t->a.sendbuf, t->a.recvbuf, next);
 }
 
 int weft__pull_all_reduce(weft__task *t)
@@ -422,8 +436,9 @@ static int rs_reduce(weft__task *t)
     const int direct = rs_direct(t);
     int rc;
 
-    if ((rc = run_reduce(t, 0, t->a.count, t->a.count * (size_t)t->g.me,
-                         direct ? t->a.recvbuf : t->c->pull_tmp)) != WEFT_OK)
+    if ((rc = weft__pull_reduce(t, 0, t->a.count, t->a.count * (size_t)t->g.me,
+                                direct ? t->a.recvbuf : t->c->pull_tmp)) !=
+        WEFT_OK)
         return rc;
     if ((rc = last_barrier(t)) != WEFT_OK)
         return rc;
@@ -439,25 +454,32 @@ int weft__pull_reduce_scatter(weft__task *t)
         (rc = weft__pull_tmp(t->c, t->a.count * weft_dtype_size(t->a.dtype))) !=
             WEFT_OK)
         return rc;
-    return publish(t, t->a.sendbuf, t->a.recvbuf, rs_reduce);
+    return weft__pull_publish(t, t->a.sendbuf, t->a.recvbuf, rs_reduce);
 }
 
 /* ---- all_gather ---- */
 
-static int ag_copy(weft__task *t)
+int weft__pull_gather_blocks(weft__task *t, size_t block, size_t stride,
+                             int nblocks)
 {
-    const size_t block = t->a.count * weft_dtype_size(t->a.dtype);
     pull_job j;
     int rc;
 
     job_init(&j, t);
     for (int p = 0; p < j.n; p++)
         if (p != j.me)
-            job_seg(&j, p, addr_of(t, p, SRC),
-                    (char *)t->a.recvbuf + (size_t)p * block, block);
+            job_blocks(&j, p, addr_of(t, p, DST) + (size_t)p * block,
+                       (char *)t->a.recvbuf + (size_t)p * block, block, stride,
+                       nblocks);
     if ((rc = run_copy(&j)) != WEFT_OK)
         return rc;
     return last_barrier(t);
+}
+
+static int ag_copy(weft__task *t)
+{
+    return weft__pull_gather_blocks(t, t->a.count * weft_dtype_size(t->a.dtype),
+                                    0, 1);
 }
 
 int weft__pull_all_gather(weft__task *t)
@@ -468,7 +490,7 @@ int weft__pull_all_gather(weft__task *t)
     /* Peers read this rank's block of recvbuf, which no rank writes. */
     if ((const char *)t->a.sendbuf != own)
         memmove(own, t->a.sendbuf, block);
-    return publish(t, own, t->a.recvbuf, ag_copy);
+    return weft__pull_publish(t, own, t->a.recvbuf, ag_copy);
 }
 
 /* ---- broadcast ---- */
@@ -489,5 +511,5 @@ static int bc_copy(weft__task *t)
 
 int weft__pull_broadcast(weft__task *t)
 {
-    return publish(t, t->a.recvbuf, t->a.recvbuf, bc_copy);
+    return weft__pull_publish(t, t->a.recvbuf, t->a.recvbuf, bc_copy);
 }

@@ -483,6 +483,16 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         0)
         return rc;
     cfg->hier_pull_all_reduce_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER_PULL_ALL_GATHER_BYTES", 0, 1L << 40,
+                      WEFT__HIER_PULL_ALL_GATHER_BYTES, &v, errmsg, errlen)) !=
+        0)
+        return rc;
+    cfg->hier_pull_all_gather_bytes = (size_t)v;
+    if ((rc = env_int("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", 0, 1L << 40,
+                      WEFT__HIER_PULL_REDUCE_SCATTER_BYTES, &v, errmsg,
+                      errlen)) != 0)
+        return rc;
+    cfg->hier_pull_reduce_scatter_bytes = (size_t)v;
     if ((rc = env_int("WEFT_PULL_ALL_GATHER_BYTES", 0, 1L << 40,
                       WEFT__PULL_ALL_GATHER_BYTES, &v, errmsg, errlen)) != 0)
         return rc;

@@ -62,6 +62,15 @@
  * (devbuild/hier.sh, medians of 3 and 5 rounds): 0.64-1.16x the frames
  * at 4 MiB (below in 3 of 4 medians), 1.24-2.0x from 8 MiB. */
 #define WEFT__HIER_PULL_ALL_REDUCE_BYTES (8 * 1024 * 1024)
+/* The same for the hierarchical all_gather and reduce_scatter (a rank's
+ * block; WEFT_HIER_PULL_ALL_GATHER_BYTES,
+ * WEFT_HIER_PULL_REDUCE_SCATTER_BYTES). The same two "hosts" of 2 and 4
+ * ranks (devbuild/hier2.sh, medians of 5 rounds): the all_gather's reads
+ * 0.91-1.08x the frames at blocks of 1 MiB, 1.07-1.5x from 2 MiB; the
+ * reduce_scatter's 0.86-0.90x at 512 KiB, 1.15-1.21x at 1 MiB, 1.66-1.98x
+ * from 2 MiB. */
+#define WEFT__HIER_PULL_ALL_GATHER_BYTES (2 * 1024 * 1024)
+#define WEFT__HIER_PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8
 /* Default thresholds, each set by an environment variable of the same
  * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
@@ -264,6 +273,8 @@ typedef struct weft__config {
     size_t pull_reduce_scatter_bytes; /* ... reduce_scatter (likewise) */
     size_t pull_broadcast_bytes;      /* ... broadcast (the buffer) */
     size_t hier_pull_all_reduce_bytes; /* ... within hosts of a hier one */
+    size_t hier_pull_all_gather_bytes; /* ... of a hier all_gather (block) */
+    size_t hier_pull_reduce_scatter_bytes; /* ... reduce_scatter (block) */
     int pull_threads; /* their threads per rank (0: off) */
     char topology[16];  /* "ring", "mesh" or "auto", as asked */
     int mesh;           /* 1: the topology in effect is the mesh */

@@ -482,6 +482,52 @@ Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
     }
 }
 
+/* The same where the hierarchical all_gather and reduce_scatter move
+ * data within the hosts by one-copy reads (WEFT_HIER_PULL_*_BYTES, with
+ * threads to read: WEFT_PULL_THREADS): every rank reads (16384), or only
+ * the odd rank (16388), which then publishes its buffers where its host's
+ * other rank sends frames. */
+Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
+{
+    static const struct hier_mismatch hcases[] = {
+        {{4, 0, 0}, "16384", "auto"},
+        {{6, 5, 1}, "16384", "ring"},
+        {{4, 1, 0}, "16388", "auto"},
+        {{6, 4, 0}, "16388", "ring"},
+    };
+    setenv("WEFT_HIER", "1", 1);
+    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
+    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    setenv("WEFT_SHM", "1", 1);
+    setenv("WEFT_PULL_THREADS", "2", 1);
+    for (size_t i = 0; i < 2 * sizeof hcases / sizeof hcases[0]; i++) {
+        const struct hier_op_mismatch m = {hcases[i / 2], (int)(i % 2)};
+        const struct halving_mismatch *hm = &m.h.hm;
+        char what[160];
+
+        snprintf(what, sizeof what,
+                 "%s by reads from %s bytes, case %zu: %d ranks in hosts "
+                 "of 2, rank %d's %s differs",
+                 hier_op_names[m.op], m.h.threshold, i / 2, hm->nranks,
+                 hm->odd_rank, hm->dtype ? "dtype" : "count");
+        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
+        setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", m.h.threshold, 1);
+        setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
+        run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
+                         (void *)&m,
+                         "mismatched hierarchical all_gather or "
+                         "reduce_scatter by reads",
+                         what);
+    }
+    unsetenv("WEFT_TOPOLOGY");
+    unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
+    unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
+    unsetenv("WEFT_HIER_PULL_ALL_GATHER_BYTES");
+    unsetenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES");
+    unsetenv("WEFT_SHM");
+    unsetenv("WEFT_PULL_THREADS");
+}
+
 /* ---- item 4: relayed point to point is matched as direct ---- */
 
 struct relay_case {

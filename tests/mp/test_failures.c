@@ -1170,13 +1170,16 @@ Test(env, reduce_thread_not_0_or_1, .timeout = 30)
 }
 
 /* The thresholds whose defaults depend on the transport, and the
- * hierarchical one-copy all_reduce's: a value out of range is an error
+ * hierarchical one-copy reads': a value out of range is an error
  * that names the variable, not a fall-back to the default. */
 Test(env, transport_thresholds_out_of_range, .timeout = 30)
 {
-    static const char *const names[] = {
-        "WEFT_HALVING_ALL_REDUCE_BYTES", "WEFT_REDUCE_THREAD_PASS_BYTES",
-        "WEFT_HIER_BROADCAST_BYTES", "WEFT_HIER_PULL_ALL_REDUCE_BYTES"};
+    static const char *const names[] = {"WEFT_HALVING_ALL_REDUCE_BYTES",
+                                        "WEFT_REDUCE_THREAD_PASS_BYTES",
+                                        "WEFT_HIER_BROADCAST_BYTES",
+                                        "WEFT_HIER_PULL_ALL_REDUCE_BYTES",
+                                        "WEFT_HIER_PULL_ALL_GATHER_BYTES",
+                                        "WEFT_HIER_PULL_REDUCE_SCATTER_BYTES"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         struct env_dir d;
         env_dir_make(&d);

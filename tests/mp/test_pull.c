@@ -14,7 +14,9 @@
  * rank takes this path and results are still right. Where hosts run
  * several ranks, the hierarchical all_reduce reads within each host the
  * same way (its phases across the hosts over TCP): right results, its
- * threads, and a peer killed mid-loop.
+ * threads, and a peer killed mid-loop; so do the hierarchical all_gather
+ * and reduce_scatter (every shape of buffers, the threads they add, a
+ * peer killed mid-loop).
  *
  * The thresholds are lowered here (the 2-core CI machine has one core
  * per rank, where the path is off unless asked for).
@@ -371,6 +373,68 @@ static void *act_later(void *arg)
 }
 
 #define LOOP_COUNT ((2 << 20) + 1)
+/* The reduce_scatter's and all_gather's blocks in gone_rank (2 MiB). */
+#define LOOP_BLOCK ((1 << 19) + 1)
+
+/* What gone_rank loops on. */
+enum { GONE_ALL_REDUCE, GONE_REDUCE_SCATTER, GONE_ALL_GATHER };
+static int gone_op = GONE_ALL_REDUCE;
+
+/* One call of gone_rank's loop, number it, its result checked at every
+ * 4099th element (and the last) of what it returns. */
+static int gone_call(weft_comm *c, float *v, float *w, int rank, int nranks,
+                     int it, int *fail)
+{
+    const size_t all = LOOP_BLOCK * (size_t)nranks;
+    const float sum = (float)(nranks * (nranks - 1) / 2 + nranks * it);
+    int rc;
+
+    switch (gone_op) {
+    case GONE_REDUCE_SCATTER:
+        for (size_t i = 0; i < all; i += 4099)
+            v[i] = (float)(rank + it);
+        for (int r = 0; r < nranks; r++)
+            v[LOOP_BLOCK * (size_t)(r + 1) - 1] = (float)(rank + it);
+        rc = weft_reduce_scatter(c, v, w, LOOP_BLOCK, WEFT_FLOAT32, WEFT_SUM);
+        for (size_t i = 0; rc == WEFT_OK && i < LOOP_BLOCK; i++)
+            if (((size_t)rank * LOOP_BLOCK + i) % 4099 == 0 ||
+                i == LOOP_BLOCK - 1) {
+                if (w[i] != sum) {
+                    mp_log("call %d: element %zu is %g", it, i, (double)w[i]);
+                    *fail = 1;
+                    break;
+                }
+            }
+        return rc;
+    case GONE_ALL_GATHER:
+        for (size_t i = 0; i < LOOP_BLOCK; i += 4099)
+            v[i] = (float)(rank + it);
+        v[LOOP_BLOCK - 1] = (float)(rank + it);
+        rc = weft_all_gather(c, v, w, LOOP_BLOCK, WEFT_FLOAT32);
+        for (int r = 0; rc == WEFT_OK && r < nranks && !*fail; r++)
+            for (size_t i = 0; i < LOOP_BLOCK; i++)
+                if ((i % 4099 == 0 || i == LOOP_BLOCK - 1) &&
+                    w[(size_t)r * LOOP_BLOCK + i] != (float)(r + it)) {
+                    mp_log("call %d: block %d element %zu is %g", it, r, i,
+                           (double)w[(size_t)r * LOOP_BLOCK + i]);
+                    *fail = 1;
+                    break;
+                }
+        return rc;
+    default:
+        for (size_t i = 0; i < LOOP_COUNT; i += 4099)
+            v[i] = (float)(rank + it);
+        v[LOOP_COUNT - 1] = (float)(rank + it);
+        rc = weft_all_reduce(c, v, v, LOOP_COUNT, WEFT_FLOAT32, WEFT_SUM);
+        for (size_t i = 0; rc == WEFT_OK && i < LOOP_COUNT; i += 4099)
+            if (v[i] != sum) {
+                mp_log("call %d: element %zu is %g", it, i, (double)v[i]);
+                *fail = 1;
+                break;
+            }
+        return rc;
+    }
+}
 
 /* Every rank runs all_reduces of 8 MiB in a loop, each result checked;
  * 400 ms in, the last rank is killed (or rank 0 aborts its communicator):
@@ -381,7 +445,9 @@ static int gone_rank(int rank, int nranks, void *arg)
 {
     const int abort = *(const int *)arg;
     const int actor = abort ? 0 : nranks - 1;
-    float *v = mp_alloc(LOOP_COUNT * sizeof *v);
+    const size_t all = LOOP_BLOCK * (size_t)nranks;
+    float *v = mp_alloc((all > LOOP_COUNT ? all : LOOP_COUNT) * sizeof *v);
+    float *w = mp_alloc(all * sizeof *w);
     struct killer k;
     pthread_t th;
     weft_comm *c;
@@ -394,17 +460,8 @@ static int gone_rank(int rank, int nranks, void *arg)
     if (rank == actor && pthread_create(&th, NULL, act_later, &k) != 0)
         return 1;
     for (it = 0; it < 100000 && rc == WEFT_OK && !fail; it++) {
-        for (size_t i = 0; i < LOOP_COUNT; i += 4099)
-            v[i] = (float)(rank + it);
-        v[LOOP_COUNT - 1] = (float)(rank + it);
         t0 = mp_now_ms();
-        rc = weft_all_reduce(c, v, v, LOOP_COUNT, WEFT_FLOAT32, WEFT_SUM);
-        for (size_t i = 0; rc == WEFT_OK && i < LOOP_COUNT; i += 4099)
-            if (v[i] != (float)(nranks * (nranks - 1) / 2 + nranks * it)) {
-                mp_log("call %d: element %zu is %g", it, i, (double)v[i]);
-                fail = 1;
-                break;
-            }
+        rc = gone_call(c, v, w, rank, nranks, it, &fail);
     }
     if (rank == actor && abort)
         pthread_join(th, NULL);
@@ -420,6 +477,7 @@ static int gone_rank(int rank, int nranks, void *arg)
         }
     }
     free(v);
+    free(w);
     return weft_finalize(c) != WEFT_OK || fail;
 }
 
@@ -511,6 +569,21 @@ Test(pull, hosts_of_several_ranks_a_peer_killed_is_epeer, .timeout = 120)
     run_gone(0, 4);
 }
 
+/* The same in a loop of reduce_scatters, then of all_gathers, read within
+ * the hosts. */
+Test(pull, hosts_of_several_ranks_gather_scatter_peer_killed, .timeout = 120)
+{
+    hier_env();
+    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
+    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", PULL_FROM, 1);
+    setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", PULL_FROM, 1);
+    gone_op = GONE_REDUCE_SCATTER;
+    run_gone(0, 4);
+    gone_op = GONE_ALL_GATHER;
+    run_gone(0, 4);
+}
+
 /* ---- posted calls ---- */
 
 /* Three all_reduces of one buffer posted at once (with a small one in
@@ -577,13 +650,25 @@ static int shapes_rank(int rank, int nranks, void *arg)
     int32_t *in = mp_alloc(n * (size_t)nranks * sizeof *in);
     int32_t *out = mp_alloc(n * (size_t)nranks * sizeof *out);
     weft_comm *c;
-    int rc, fail = 0;
+    int rc, fail = 0, base = 0;
 
-    (void)arg;
     if (mp_init(&c, rank, nranks) != WEFT_OK)
         return 1;
+    if (arg != NULL) {
+        float small[2] = {1, 2};
+
+        /* The threads the calls add, after any a small call starts. */
+        if ((rc = weft_all_reduce(c, small, small, 2, WEFT_FLOAT32,
+                                  WEFT_SUM)) != WEFT_OK)
+            return mp_report_rc(c, "small all_reduce", rc);
+        base = mp_threads();
+    }
     for (int round = 0; round < 3 && !fail; round++) {
-        int32_t *rs_out = rank == 1 ? in : out;
+        /* Rank 2's reduce_scatter is in place the usual way (on its own
+         * block of its input, which no peer reads). */
+        int32_t *rs_out = rank == 1   ? in
+                          : rank == 2 ? in + (size_t)rank * n
+                                      : out;
         int32_t *ag_in = rank == 0 ? out + (size_t)rank * n : in;
         const int root = nranks - 1;
 
@@ -628,6 +713,11 @@ static int shapes_rank(int rank, int nranks, void *arg)
                 fail = 1;
             }
     }
+    if (arg != NULL && !fail && mp_threads() - base != *(const int *)arg) {
+        mp_log("the calls added %d threads, %d expected", mp_threads() - base,
+               *(const int *)arg);
+        fail = 1;
+    }
     free(in);
     free(out);
     return weft_finalize(c) != WEFT_OK || fail;
@@ -644,6 +734,38 @@ Test(pull, reduce_scatter_all_gather_broadcast_whatever_the_buffers,
     unsetenv("WEFT_PULL_ALL_GATHER_BYTES");
     unsetenv("WEFT_PULL_REDUCE_SCATTER_BYTES");
     unsetenv("WEFT_PULL_BROADCAST_BYTES");
+}
+
+/* The hierarchical all_gather and reduce_scatter with their phases
+ * within the hosts by reads, one of them, both or neither (then the
+ * frames: no thread is added, which shows that the threads counted are
+ * the reads'), over every shape of buffers that shapes_rank tries (a
+ * reduce_scatter into a block of its input that a peer of its host
+ * reads, and one into its own block; an all_gather in place). */
+Test(pull, hosts_of_several_ranks_gather_and_scatter_by_reads, .timeout = 300)
+{
+    static const int helpers = THREADS - 1, none = 0;
+    static const struct {
+        const char *ag, *rs;
+        int ranks;
+        const int *threads;
+        const char *what;
+    } cases[] = {
+        {PULL_FROM, "0", 4, &helpers, "all_gather by reads, 2 hosts of 2"},
+        {"0", PULL_FROM, 4, &helpers, "reduce_scatter by reads, 2 hosts of 2"},
+        {PULL_FROM, PULL_FROM, 6, &helpers, "both by reads, 3 hosts of 2"},
+        {"0", "0", 4, &none, "both by frames, 2 hosts of 2"},
+    };
+
+    hier_env();
+    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
+    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", cases[i].ag, 1);
+        setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", cases[i].rs, 1);
+        run_job(cases[i].ranks, shapes_rank, (void *)cases[i].threads,
+                cases[i].what);
+    }
 }
 
 /* A broadcast whose ranks name different roots: no rank returns WEFT_OK
