@@ -57,18 +57,24 @@
 #define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
 /* The hierarchical all_reduce (hosts of several ranks) by the same reads
  * within each host, its phase across the hosts on this rank's share in
- * between (WEFT_HIER_PULL_ALL_REDUCE_BYTES, per rank; coll/hier.c). Two
- * "hosts" of 2 and of 4 ranks on the 16-core host, joined over loopback
- * (devbuild/hier.sh, medians of 3 and 5 rounds): 0.64-1.16x the frames
- * at 4 MiB (below in 3 of 4 medians), 1.24-2.0x from 8 MiB. */
-#define WEFT__HIER_PULL_ALL_REDUCE_BYTES (8 * 1024 * 1024)
-/* The same for the hierarchical all_gather and reduce_scatter (a rank's
+ * between (WEFT_HIER_PULL_ALL_REDUCE_BYTES, per rank; coll/hier.c), and
+ * the hierarchical all_gather and reduce_scatter likewise (a rank's
  * block; WEFT_HIER_PULL_ALL_GATHER_BYTES,
- * WEFT_HIER_PULL_REDUCE_SCATTER_BYTES). The same two "hosts" of 2 and 4
- * ranks (devbuild/hier2.sh, medians of 5 rounds): the all_gather's reads
- * 0.91-1.08x the frames at blocks of 1 MiB, 1.07-1.5x from 2 MiB; the
- * reduce_scatter's 0.86-0.90x at 512 KiB, 1.15-1.21x at 1 MiB, 1.66-1.98x
- * from 2 MiB. */
+ * WEFT_HIER_PULL_REDUCE_SCATTER_BYTES). On the 16-core host (reads /
+ * frames within the hosts, medians of 5-7 rounds; docs/performance.md):
+ * - 2 hosts of 2 and of 4 ranks in network namespaces joined by a veth
+ *   "cable", 10 Gbit/s or unshaped (tests/multihost/ring-test --mode hier
+ *   --reads): all_reduce 0.67-0.99x at 256 KiB, 1.04-1.43x at 1 MiB,
+ *   1.23-1.62x at 4 MiB; all_gather 0.86-1.04x at 256 KiB, 1.04-1.35x
+ *   from 1 MiB; reduce_scatter 0.93-1.54x at 256 KiB, 1.19-2.10x from
+ *   1 MiB;
+ * - 2 "hosts" of 2 and 4 ranks in one namespace, joined over loopback
+ *   (devbuild/hier2.sh): all_reduce 0.87-0.95x at 1 MiB, 1.02-1.04x at
+ *   2 MiB, 1.30-1.56x from 4 MiB; all_gather 0.91-1.08x at 1 MiB,
+ *   1.07-1.5x from 2 MiB; reduce_scatter 0.86-0.90x at 512 KiB,
+ *   1.15-1.21x at 1 MiB, 1.66-1.98x from 2 MiB.
+ * The thresholds are where both gain. */
+#define WEFT__HIER_PULL_ALL_REDUCE_BYTES (2 * 1024 * 1024)
 #define WEFT__HIER_PULL_ALL_GATHER_BYTES (2 * 1024 * 1024)
 #define WEFT__HIER_PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8

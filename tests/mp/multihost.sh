@@ -29,6 +29,8 @@ done
 "$ringtest" -H 2 -R 2 || fail=1
 "$ringtest" -H 3 -R 2 || fail=1
 "$ringtest" -H 3 -R 2 -T ring || fail=1
+# ... with their phases within the hosts by one-copy reads.
+"$ringtest" -H 3 -R 2 --reads || fail=1
 # The fault cases: a cut link, a killed rank, a stopped rank, foreign
 # connections; around a ring of 4 hosts and in a mesh of 3.
 "$ringtest" -H 4 -L 2 -W 2 --mode faults || fail=1
@@ -37,4 +39,5 @@ done
 # ring (one rank of the last host killed or stopped).
 "$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1
 "$ringtest" -H 3 -R 2 -T ring --mode faults || fail=1
+"$ringtest" -H 3 -R 2 --mode faults --reads || fail=1
 exit $fail
