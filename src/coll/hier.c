@@ -43,6 +43,21 @@ static int hier_mesh_across(const weft__ctx *c)
     return c->cfg->mesh && c->cfg->nhosts <= WEFT__MESH_MAX_RANKS;
 }
 
+/* Runs xa among the ranks of this rank's local index (the mesh's
+ * algorithm or the ring's, hier_mesh_across), then next. */
+static int across_sub(weft__task *t, const weft__args *xa,
+                      weft__algo_fn mesh, weft__algo_fn ring,
+                      weft__task_fn next)
+{
+    const weft__group across = hier_across(t->c);
+    int rc = weft__task_sub_in(t, &across, xa,
+                               hier_mesh_across(t->c) ? mesh : ring);
+
+    if (rc == WEFT_OK)
+        t->next = next;
+    return rc;
+}
+
 /* Phase 3: this rank's chunk is reduced over the job. */
 static int hier_gather(weft__task *t)
 {
@@ -53,22 +68,16 @@ static int hier_gather(weft__task *t)
  * same chunk of every other host, in place; then next. */
 static int cross_chunk(weft__task *t, weft__task_fn next)
 {
-    const weft__group across = hier_across(t->c);
     const size_t es = weft_dtype_size(t->a.dtype);
     const weft__region mine = weft__plan_chunk(t->a.count, t->g.n, t->g.me);
     char *chunk = (char *)t->a.recvbuf + mine.off * es;
     weft__args xa = t->a;
-    int rc;
 
     xa.sendbuf = chunk;
     xa.recvbuf = chunk;
     xa.count = mine.len;
-    rc = weft__task_sub_in(t, &across, &xa,
-                           hier_mesh_across(t->c) ? weft__mesh_all_reduce
-                               : weft__ring_all_reduce);
-    if (rc == WEFT_OK)
-        t->next = next;
-    return rc;
+    return across_sub(t, &xa, weft__mesh_all_reduce, weft__ring_all_reduce,
+                      next);
 }
 
 static int hier_cross(weft__task *t)
@@ -191,22 +200,17 @@ static int pull_gather_place(weft__task *t)
  * index; theirs into the column; then next. */
 static int gather_column(weft__task *t, weft__task_fn next)
 {
-    const weft__group across = hier_across(t->c);
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
     weft__args xa = t->a;
     int rc;
 
-    if ((rc = weft__scratch(t->c, bytes * (size_t)across.n,
+    if ((rc = weft__scratch(t->c, bytes * (size_t)t->c->cfg->nhosts,
                             (void **)&t->scratch)) != 0)
         return rc;
     xa.sendbuf = (char *)t->a.recvbuf + (size_t)t->c->rank * bytes;
     xa.recvbuf = t->scratch;
-    rc = weft__task_sub_in(t, &across, &xa,
-                           hier_mesh_across(t->c) ? weft__mesh_all_gather
-                                                  : weft__ring_all_gather);
-    if (rc == WEFT_OK)
-        t->next = next;
-    return rc;
+    return across_sub(t, &xa, weft__mesh_all_gather, weft__ring_all_gather,
+                      next);
 }
 
 static int gather_across(weft__task *t)
@@ -273,8 +277,7 @@ static void scatter_step(const weft__task *t, const void *arg, int p, int s,
 
 static int scatter_across(weft__task *t)
 {
-    const weft__group across = hier_across(t->c);
-    const int nhosts = across.n, local = t->g.n, me = t->g.me;
+    const int nhosts = t->c->cfg->nhosts, local = t->g.n, me = t->g.me;
     const size_t bytes = t->a.count * weft_dtype_size(t->a.dtype);
     const size_t col = bytes * (size_t)nhosts;
     char *column = t->scratch + col * (size_t)local;
@@ -288,10 +291,8 @@ static int scatter_across(weft__task *t)
     weft__reduce_ranks(column, t->scratch, local, t->a.count * (size_t)nhosts,
                        t->a.dtype, t->a.op);
     xa.sendbuf = column;
-    return weft__task_sub_in(t, &across, &xa,
-                             hier_mesh_across(t->c)
-                                 ? weft__mesh_reduce_scatter
-                                 : weft__ring_reduce_scatter);
+    return across_sub(t, &xa, weft__mesh_reduce_scatter,
+                      weft__ring_reduce_scatter, NULL);
 }
 
 /* The same with phase 1 by one-copy reads (c->pull_host): this rank reads
@@ -330,14 +331,14 @@ static int pull_scatter_end(weft__task *t)
 
 static int pull_scatter_across(weft__task *t)
 {
-    const weft__group across = hier_across(t->c);
+    const int nhosts = t->c->cfg->nhosts;
     const size_t count = t->a.count;
     const size_t bytes = count * weft_dtype_size(t->a.dtype);
     char *column = t->c->pull_tmp;
     weft__args xa = t->a;
     int rc;
 
-    for (int s = 0; s < across.n; s++)
+    for (int s = 0; s < nhosts; s++)
         if ((rc = weft__pull_reduce(
                  t, 0, count, ((size_t)s * (size_t)t->g.n + (size_t)t->g.me) *
                                   count,
@@ -345,13 +346,9 @@ static int pull_scatter_across(weft__task *t)
             return rc;
     xa.sendbuf = column;
     if (!pull_scatter_direct(t))
-        xa.recvbuf = column + (size_t)across.n * bytes;
-    rc = weft__task_sub_in(t, &across, &xa,
-                           hier_mesh_across(t->c) ? weft__mesh_reduce_scatter
-                                                  : weft__ring_reduce_scatter);
-    if (rc == WEFT_OK)
-        t->next = pull_scatter_end;
-    return rc;
+        xa.recvbuf = column + (size_t)nhosts * bytes;
+    return across_sub(t, &xa, weft__mesh_reduce_scatter,
+                      weft__ring_reduce_scatter, pull_scatter_end);
 }
 
 int weft__hier_reduce_scatter(weft__task *t)
