@@ -82,7 +82,9 @@ int weft__pull_share_gather(weft__task *t);
  *   gathers every member's (a pass among t->g that compares the calls),
  *   then runs next;
  * - _reduce reduces, in member order, elements src_at + lo .. src_at + hi
- *   of every member's src into elements lo .. hi of out;
+ *   of every member's src into elements lo .. hi of out, and so for
+ *   nblocks blocks in one go: block b from src_stride * b elements
+ *   further on in src, into (hi - lo) * b further on in out;
  * - _sync is a barrier among t->g, then next;
  * - _gather_blocks reads, from every other member p, nblocks blocks of
  *   block bytes at p * block + k * stride of its dst into the same place
@@ -92,7 +94,7 @@ int weft__pull_share_gather(weft__task *t);
 int weft__pull_publish(weft__task *t, const void *src, const void *dst,
                        weft__task_fn next);
 int weft__pull_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
-                      void *out);
+                      size_t src_stride, int nblocks, void *out);
 int weft__pull_sync(weft__task *t, weft__task_fn next);
 int weft__pull_gather_blocks(weft__task *t, size_t block, size_t stride,
                              int nblocks);

@@ -338,12 +338,10 @@ static int pull_scatter_across(weft__task *t)
     weft__args xa = t->a;
     int rc;
 
-    for (int s = 0; s < nhosts; s++)
-        if ((rc = weft__pull_reduce(
-                 t, 0, count, ((size_t)s * (size_t)t->g.n + (size_t)t->g.me) *
-                                  count,
-                 column + (size_t)s * bytes)) != WEFT_OK)
-            return rc;
+    if ((rc = weft__pull_reduce(t, 0, count, (size_t)t->g.me * count,
+                                (size_t)t->g.n * count, nhosts, column)) !=
+        WEFT_OK)
+        return rc;
     xa.sendbuf = column;
     if (!pull_scatter_direct(t))
         xa.recvbuf = column + (size_t)nhosts * bytes;

@@ -77,8 +77,10 @@ typedef struct pull_job {
     size_t esize;
     /* Phase 2: elements [lo, hi) of the result, from elements src_at +
      * lo .. of every input, into out (elements lo ..); chunk elements per
-     * input per part. */
-    size_t lo, hi, src_at, chunk;
+     * input per part, per_block parts per block; block b reads
+     * src_stride * b elements further on in the inputs and writes
+     * (hi - lo) * b further on in out. */
+    size_t lo, hi, src_at, src_stride, chunk, per_block;
     char *out;
     /* Phase 4: nsegs segments in parts of copy bytes; the parts of
      * segment s are first[s] .. first[s + 1] - 1, block by block. */
@@ -154,9 +156,11 @@ static void reduce_part(void *arg, int i, void *scratch)
 {
     pull_job *j = arg;
     const weft__args *a = &j->t->a;
-    const size_t off = j->lo + (size_t)i * j->chunk;
+    const size_t b = (size_t)i / j->per_block;
+    const size_t off = j->lo + (size_t)i % j->per_block * j->chunk;
     const size_t m = j->hi - off < j->chunk ? j->hi - off : j->chunk;
-    const size_t bytes = m * j->esize, src = (j->src_at + off) * j->esize;
+    const size_t bytes = m * j->esize;
+    const size_t src = (j->src_at + b * j->src_stride + off) * j->esize;
     char *tmp = scratch;
 
     if (!part_go(j))
@@ -170,8 +174,8 @@ static void reduce_part(void *arg, int i, void *scratch)
             read_part(j, p, in, addr_of(j->t, p, SRC) + src, bytes, "input");
     }
     if (atomic_load_explicit(&j->err, memory_order_relaxed) == 0)
-        weft__reduce_ranks(j->out + off * j->esize, tmp, j->n, m, a->dtype,
-                           a->op);
+        weft__reduce_ranks(j->out + (b * (j->hi - j->lo) + off) * j->esize, tmp,
+                           j->n, m, a->dtype, a->op);
 }
 
 /* Phase 4, part i: a piece of one segment. */
@@ -263,24 +267,29 @@ static int job_fail(pull_job *j)
 }
 
 int weft__pull_reduce(weft__task *t, size_t lo, size_t hi, size_t src_at,
-                      void *out)
+                      size_t src_stride, int nblocks, void *out)
 {
     pull_job j;
-    size_t cap, parts;
+    size_t cap;
 
     job_init(&j, t);
     j.lo = lo;
     j.hi = hi;
     j.src_at = src_at;
+    j.src_stride = src_stride;
     j.out = out;
+    if (hi <= lo || nblocks <= 0)
+        return WEFT_OK;
     cap = PULL_TMP_BYTES / (size_t)j.n;
-    j.chunk = part_size((hi - lo) * j.esize, t->c, PULL_CHUNK_MIN,
-                        cap < PULL_CHUNK_MAX ? cap : PULL_CHUNK_MAX) /
-              j.esize;
+    j.chunk =
+        part_size((hi - lo) * (size_t)nblocks * j.esize, t->c, PULL_CHUNK_MIN,
+                  cap < PULL_CHUNK_MAX ? cap : PULL_CHUNK_MAX) /
+        j.esize;
     if (j.chunk == 0)
         j.chunk = 1;
-    parts = (hi - lo + j.chunk - 1) / j.chunk;
-    weft__pool_run(t->c->pool, (int)parts, reduce_part, &j);
+    j.per_block = (hi - lo + j.chunk - 1) / j.chunk;
+    weft__pool_run(t->c->pool, (int)(j.per_block * (size_t)nblocks),
+                   reduce_part, &j);
     return atomic_load(&j.err) != 0 ? job_fail(&j) : WEFT_OK;
 }
 
@@ -382,7 +391,8 @@ int weft__pull_share_reduce(weft__task *t)
     const int n = t->g.n, me = t->g.me;
 
     return weft__pull_reduce(t, share_at(t->a.count, n, me),
-                             share_at(t->a.count, n, me + 1), 0, t->a.recvbuf);
+                             share_at(t->a.count, n, me + 1), 0, 0, 1,
+                             t->a.recvbuf);
 }
 
 int weft__pull_share_gather(weft__task *t)
@@ -436,9 +446,9 @@ static int rs_reduce(weft__task *t)
     const int direct = rs_direct(t);
     int rc;
 
-    if ((rc = weft__pull_reduce(t, 0, t->a.count, t->a.count * (size_t)t->g.me,
-                                direct ? t->a.recvbuf : t->c->pull_tmp)) !=
-        WEFT_OK)
+    if ((rc = weft__pull_reduce(
+             t, 0, t->a.count, t->a.count * (size_t)t->g.me, 0, 1,
+             direct ? t->a.recvbuf : t->c->pull_tmp)) != WEFT_OK)
         return rc;
     if ((rc = last_barrier(t)) != WEFT_OK)
         return rc;
