@@ -34,6 +34,16 @@
  * frame) where it has not; and the progress thread and weft_wait spin
  * before they sleep. With one (own_core) the transports' waits may spin
  * longer than WEFT_SPIN_US (transport/common.h). */
+/* WEFT_BOX_BYTES unset (topo.h). */
+static size_t box_bytes(int nranks)
+{
+    size_t b = WEFT__BOX_READ_BYTES / (size_t)(nranks > 0 ? nranks : 1);
+
+    return b < WEFT__BOX_MIN_BYTES   ? WEFT__BOX_MIN_BYTES
+           : b > WEFT__BOX_MAX_BYTES ? WEFT__BOX_MAX_BYTES
+                                     : b;
+}
+
 static int cores_per_rank(const weft__config *cfg, long per)
 {
     int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
@@ -345,10 +355,10 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errmsg, errlen)) != 0)
         return rc;
     pass_bytes = v;
-    if ((rc = env_int("WEFT_BOX_BYTES", 0, 1L << 30, WEFT__BOX_BYTES, &v,
-                      errmsg, errlen)) != 0)
+    if ((rc = env_int("WEFT_BOX_BYTES", 0, 1L << 30, -1, &v, errmsg, errlen)) !=
+        0)
         return rc;
-    cfg->box_bytes = (size_t)v;
+    cfg->box_bytes = v >= 0 ? (size_t)v : box_bytes(cfg->nranks);
     /* Unset: its default depends on the transport and the ranks (below). */
     if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30, -1, &v,
                       errmsg, errlen)) != 0)

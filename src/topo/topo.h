@@ -117,12 +117,20 @@
  * tie at 4-8 KiB (docs/performance.md, "Run 4"). */
 #define WEFT__DOUBLING_WIDE_RANKS 16
 /* Ranks all of one host, through shared memory: an all_reduce of up to
- * this many bytes (count * size), an all_gather of blocks that small, a
+ * WEFT_BOX_BYTES (count * size), an all_gather of blocks that small, a
  * broadcast of that many bytes, a reduce_scatter whose whole input is
  * that small, and the barrier go through the box (a slot per rank and
- * call, engine.h), whose messages hold 192 bytes after the call's
- * header. */
-#define WEFT__BOX_BYTES 192
+ * call, engine.h), whose messages hold BOX_MAX_BYTES after the call's
+ * header. Each rank reads every other's message, so unset, the size is
+ * BOX_READ_BYTES / nranks, within BOX_MIN_BYTES .. BOX_MAX_BYTES: 2048 up
+ * to 8 ranks, 1024 at 16. On the 16-core host (devbuild/p25.sh,
+ * p26.sh; docs/performance.md, "Run 14") the box at those sizes took
+ * 0.2-0.9x the frames' time from 256 B at 2 to 16 ranks (all_reduce,
+ * all_gather, reduce_scatter, broadcast), where 192 had been the default;
+ * at 16 ranks a 2 KiB all_reduce took longer in the box than on frames. */
+#define WEFT__BOX_MIN_BYTES 192
+#define WEFT__BOX_MAX_BYTES 2048
+#define WEFT__BOX_READ_BYTES (16 * 1024)
 #define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
 /* Below that many ranks, all of one host and through shared memory, the
  * switch is at 16 KiB: on the 16-core host (3 alternating rounds of 400

@@ -28,8 +28,9 @@
 
 typedef struct weft__tp weft__tp;
 
-/* The most bytes one box message (below) holds, in any transport. */
-#define WEFT__BOX_MSG_MAX 244
+/* The most bytes one box message (below) holds, in any transport: the
+ * engine's 24-byte header and 2048 bytes of data (WEFT__BOX_MAX_BYTES). */
+#define WEFT__BOX_MSG_MAX (24 + 2048)
 
 /* The link index of the wires between ranks of one host (loopback), in
  * every transport's handshake and wire numbering. */

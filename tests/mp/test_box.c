@@ -1,6 +1,7 @@
 /*
  * The box: where every rank is on one host with shared memory, a small
- * all_reduce (up to WEFT_BOX_BYTES, 192 by default), an all_gather of
+ * all_reduce (up to WEFT_BOX_BYTES: by default 2048 bytes up to 8 ranks,
+ * and at most 2048 whatever it says), an all_gather of
  * blocks that small and the barrier go through a slot per rank and call
  * instead of frames. As a user sees it:
  * the same results as the frames give, at the box's edge too; calls that
@@ -26,7 +27,10 @@
 
 #define TIMEOUT_MS 30000
 #define PROMPT_MS 10000
-#define BOX_BYTES 192
+/* The box's edge where WEFT_BOX_BYTES is unset, at 2 to 8 ranks (README),
+ * and the most a box message holds whatever it says. */
+#define BOX_DEFAULT_BYTES 2048
+#define BOX_MAX_BYTES 2048
 
 struct box_shm {
     int rc[MP_MAX_RANKS];
@@ -73,15 +77,15 @@ static const weft_redop ops[] = {WEFT_SUM, WEFT_PROD, WEFT_MIN, WEFT_MAX};
  * past it (frames), in place and not, with canaries around the result. */
 static int results_rank(int rank, int nranks, void *arg)
 {
+    const size_t box_bytes = *(const size_t *)arg;
     weft_comm *c;
     int fail = 0;
 
-    (void)arg;
     if (mp_init(&c, rank, nranks) != WEFT_OK)
         return 1;
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
         const size_t es = weft_dtype_size(dtypes[d]);
-        const size_t edge = BOX_BYTES / es;
+        const size_t edge = box_bytes / es;
         const size_t counts[] = {1, 2, 3, edge - 1, edge, edge + 1};
 
         for (size_t o = 0; o < sizeof ops / sizeof ops[0] && !fail; o++)
@@ -95,7 +99,7 @@ static int results_rank(int rank, int nranks, void *arg)
      * (this rank's block of recvbuf is sendbuf) and not. */
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
         const size_t es = weft_dtype_size(dtypes[d]);
-        const size_t edge = BOX_BYTES / es;
+        const size_t edge = box_bytes / es;
         const size_t counts[] = {1, edge, edge + 1};
 
         for (size_t k = 0; k < 2 * sizeof counts / sizeof counts[0] && !fail;
@@ -142,10 +146,37 @@ static int results_rank(int rank, int nranks, void *arg)
     return weft_finalize(c) != WEFT_OK || fail;
 }
 
+/* fn at the box's edge: the default's at 2 to 4 ranks, then a smaller
+ * WEFT_BOX_BYTES, and one larger than a message holds (its edge is the
+ * message's). */
+static void run_edges(mp_rank_fn fn, const char *what)
+{
+    static const struct {
+        const char *env;
+        int nranks;
+        size_t edge;
+    } runs[] = {{NULL, 2, BOX_DEFAULT_BYTES},
+                {NULL, 3, BOX_DEFAULT_BYTES},
+                {NULL, 4, BOX_DEFAULT_BYTES},
+                {"192", 3, 192},
+                {"1000000", 2, BOX_MAX_BYTES}};
+    char name[128];
+
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        size_t edge = runs[i].edge;
+
+        if (runs[i].env != NULL)
+            setenv("WEFT_BOX_BYTES", runs[i].env, 1);
+        snprintf(name, sizeof name, "%s, %d ranks, WEFT_BOX_BYTES %s", what,
+                 runs[i].nranks, runs[i].env ? runs[i].env : "unset");
+        run_job(runs[i].nranks, TIMEOUT_MS, fn, &edge, name);
+        unsetenv("WEFT_BOX_BYTES");
+    }
+}
+
 Test(box, results_at_and_past_its_edge, .timeout = 240)
 {
-    for (int n = 2; n <= 4; n++)
-        run_job(n, TIMEOUT_MS, results_rank, NULL, "box results");
+    run_edges(results_rank, "box results");
 }
 
 /* ---- calls that differ ---- */
@@ -696,16 +727,16 @@ Test(box, ranks_many_calls_apart, .timeout = 240)
  * canaries; every dtype, sum and max. */
 static int bcast_rs_rank(int rank, int nranks, void *arg)
 {
+    const size_t box_bytes = *(const size_t *)arg;
     const int root = nranks - 1;
     weft_comm *c;
     int fail = 0;
 
-    (void)arg;
     if (mp_init(&c, rank, nranks) != WEFT_OK)
         return 1;
     for (size_t d = 0; d < sizeof dtypes / sizeof dtypes[0] && !fail; d++) {
         const size_t es = weft_dtype_size(dtypes[d]);
-        const size_t edge = BOX_BYTES / es, rs_edge = edge / (size_t)nranks;
+        const size_t edge = box_bytes / es, rs_edge = edge / (size_t)nranks;
         const size_t bcounts[] = {1, edge, edge + 1};
         const size_t rcounts[] = {1, rs_edge, rs_edge + 1};
 
@@ -781,8 +812,7 @@ static int bcast_rs_rank(int rank, int nranks, void *arg)
 
 Test(box, broadcast_and_reduce_scatter_at_and_past_its_edge, .timeout = 240)
 {
-    for (int n = 2; n <= 4; n++)
-        run_job(n, TIMEOUT_MS, bcast_rs_rank, NULL, "box broadcast, scatter");
+    run_edges(bcast_rs_rank, "box broadcast, scatter");
 }
 
 /* Ranks that name different roots: every rank reads every header in the

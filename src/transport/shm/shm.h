@@ -189,8 +189,8 @@ typedef struct {
     uint32_t len;
     uint8_t msg[SHM_BOX_MSG]; /* a header fits the first cache line */
 } shm_box_slot;
-_Static_assert(sizeof(shm_box_slot) == 4 * SHM_CACHE_LINE,
-               "a box slot is four cache lines");
+_Static_assert(sizeof(shm_box_slot) % SHM_CACHE_LINE == 0,
+               "a box slot is whole cache lines");
 #define SHM_NOTE_WORDS 7
 typedef struct {
     _Alignas(SHM_CACHE_LINE) _Atomic uint64_t seq; /* 0 while written */
