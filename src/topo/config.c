@@ -27,13 +27,6 @@
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
 
-/* Whether this host has `per` cores per rank it runs, counting the cores
- * this process may run on. With WEFT__REDUCE_THREAD_CORES (spare_cores)
- * the reducer thread (WEFT_REDUCE_THREAD unset) is used: it only helps
- * where it has a core of its own, and costs a little (a hand-off per
- * frame) where it has not; and the progress thread and weft_wait spin
- * before they sleep. With one (own_core) the transports' waits may spin
- * longer than WEFT_SPIN_US (transport/common.h). */
 /* WEFT_BOX_BYTES unset (topo.h). */
 static size_t box_bytes(int nranks)
 {
@@ -44,6 +37,13 @@ static size_t box_bytes(int nranks)
                                      : b;
 }
 
+/* Whether this host has `per` cores per rank it runs, counting the cores
+ * this process may run on. With WEFT__REDUCE_THREAD_CORES (spare_cores)
+ * the reducer thread (WEFT_REDUCE_THREAD unset) is used: it only helps
+ * where it has a core of its own, and costs a little (a hand-off per
+ * frame) where it has not; and the progress thread and weft_wait spin
+ * before they sleep. With one (own_core) the transports' waits may spin
+ * longer than WEFT_SPIN_US (transport/common.h). */
 static int cores_per_rank(const weft__config *cfg, long per)
 {
     int local = cfg->hosts[cfg->rank_host[cfg->rank]].nranks;
