@@ -441,6 +441,22 @@ static int hier_op_mismatch_rank(int rank, int nranks, void *arg)
     return finalize(c) || fail;
 }
 
+/* Runs m's case on WEFT_TOPOLOGY m->h.topology, with each of vars (a
+ * NULL-ended list) set to m->h.threshold for that run only. */
+static void run_hier_op_mismatch(const struct hier_op_mismatch *m,
+                                 const char *const *vars, const char *job,
+                                 const char *what)
+{
+    setenv("WEFT_TOPOLOGY", m->h.topology, 1);
+    for (const char *const *v = vars; *v != NULL; v++)
+        setenv(*v, m->h.threshold, 1);
+    run_mismatch_job(m->h.hm.nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
+                     (void *)m, job, what);
+    unsetenv("WEFT_TOPOLOGY");
+    for (const char *const *v = vars; *v != NULL; v++)
+        unsetenv(*v);
+}
+
 Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
 {
     static const struct hier_mismatch hcases[] = {
@@ -449,6 +465,9 @@ Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
         {{4, 1, 0}, "16388", "auto"},
         {{6, 4, 0}, "16388", "ring"},
     };
+    static const char *const vars[] = {"WEFT_HIER_ALL_GATHER_BYTES",
+                                       "WEFT_HIER_REDUCE_SCATTER_BYTES",
+                                       "WEFT_HIER_BROADCAST_BYTES", NULL};
     for (size_t i = 0; i < 3 * sizeof hcases / sizeof hcases[0]; i++) {
         const struct hier_op_mismatch m = {hcases[i / 3], (int)(i % 3)};
         const struct halving_mismatch *hm = &m.h.hm;
@@ -465,20 +484,11 @@ Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
                  "%s, case %zu: %d ranks in hosts of 2, rank %d's %s differs",
                  hier_op_names[m.op], i / 3, hm->nranks, hm->odd_rank,
                  hm->dtype ? "dtype" : "count");
-        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
         setenv("WEFT_HIER", "1", 1);
-        setenv("WEFT_HIER_ALL_GATHER_BYTES", m.h.threshold, 1);
-        setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
-        setenv("WEFT_HIER_BROADCAST_BYTES", m.h.threshold, 1);
-        run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
-                         (void *)&m,
-                         "mismatched hierarchical all_gather, reduce_scatter "
-                         "or broadcast",
-                         what);
-        unsetenv("WEFT_TOPOLOGY");
-        unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
-        unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
-        unsetenv("WEFT_HIER_BROADCAST_BYTES");
+        run_hier_op_mismatch(&m, vars,
+                             "mismatched hierarchical all_gather, "
+                             "reduce_scatter or broadcast",
+                             what);
     }
 }
 
@@ -495,6 +505,9 @@ Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
         {{4, 1, 0}, "16388", "auto"},
         {{6, 4, 0}, "16388", "ring"},
     };
+    static const char *const vars[] = {"WEFT_HIER_PULL_ALL_GATHER_BYTES",
+                                       "WEFT_HIER_PULL_REDUCE_SCATTER_BYTES",
+                                       NULL};
     setenv("WEFT_HIER", "1", 1);
     setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
     setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
@@ -510,20 +523,13 @@ Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
                  "of 2, rank %d's %s differs",
                  hier_op_names[m.op], m.h.threshold, i / 2, hm->nranks,
                  hm->odd_rank, hm->dtype ? "dtype" : "count");
-        setenv("WEFT_TOPOLOGY", m.h.topology, 1);
-        setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", m.h.threshold, 1);
-        setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", m.h.threshold, 1);
-        run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
-                         (void *)&m,
-                         "mismatched hierarchical all_gather or "
-                         "reduce_scatter by reads",
-                         what);
+        run_hier_op_mismatch(&m, vars,
+                             "mismatched hierarchical all_gather or "
+                             "reduce_scatter by reads",
+                             what);
     }
-    unsetenv("WEFT_TOPOLOGY");
     unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
     unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
-    unsetenv("WEFT_HIER_PULL_ALL_GATHER_BYTES");
-    unsetenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES");
     unsetenv("WEFT_SHM");
     unsetenv("WEFT_PULL_THREADS");
 }
