@@ -79,6 +79,14 @@ typedef struct frame {
     int slot; /* staging slot of a reduced frame, -1 if none */
 } frame;
 
+/* A place in a wire's send queue (txq): a lane's wire or a check
+ * channel waiting to start its bytes on the stream. */
+typedef struct txw {
+    struct txw *next;
+    struct wstate *ws; /* or */
+    struct check *k;
+} txw;
+
 typedef struct wstate {
     struct weft__pass *run;
     int lane;
@@ -87,11 +95,15 @@ typedef struct wstate {
     int s_step;
     size_t s_frame; /* next frame of the step's region on this wire */
     int s_hdr;
+    int s_queued; /* waits in the wire's send queue (txq) */
     int s_head, s_count;
     /* receive side */
     int r_step;
     size_t r_frame;
-    int r_hdr;
+    int r_hdr;   /* its header came (and was checked) */
+    int r_asked; /* it waits for its header from the wire's reader (rxq) */
+    int r_owns;  /* the wire's stream is its own until its frames are posted */
+    struct unexp *r_unexp; /* its message, read early, still arriving */
     int r_head, r_count;
     int r_slot;
     /* Frames received but not yet done: with the reducer, rj[j_head] and
@@ -106,6 +118,7 @@ typedef struct wstate {
     frame s_fr[FIFO_CAP];
     frame r_fr[FIFO_CAP];
     rframe rj[FIFO_CAP];
+    struct txw s_wait; /* its place in the wire's send queue */
     uint8_t s_hdrbuf[HDR_BYTES + HDR_DATA_BYTES];
     uint8_t r_hdrbuf[HDR_BYTES];
 } wstate;
@@ -118,6 +131,11 @@ struct weft__engine {
     struct weft__pass *spare; /* the last pass's memory, for the next */
     weft__reducer *reducer;   /* started with the first frame it reduces */
     int reducer_failed;       /* it could not start: reduce inline */
+    /* Each wire's two streams as passes share them ("sharing wires"
+     * below): [peer * maxw + wire]. */
+    struct rxq *rx;
+    struct txq *tx;
+    size_t unexp_bytes; /* held by messages read before their receive */
 };
 
 /* A check channel: headers only, exchanged on wire 0 with a peer that a
@@ -130,6 +148,8 @@ typedef struct check {
     int peer;
     int send, recv; /* this pass sends (receives) a check header */
     int sent, got;  /* ... and it completed */
+    int asked;      /* it waits for its header from the wire's reader */
+    txw s_wait;     /* its place in wire 0's send queue */
     weft__xfer sx, rx;
     uint8_t sbuf[HDR_BYTES], rbuf[HDR_BYTES];
 } check;
@@ -566,6 +586,9 @@ static int reap(run *r)
 
         next = j->next;
         assert(ws->r_reducing > 0 && &ws->rj[ws->j_head] == rf);
+        /* Only the collective reduces: every job is its pass's. */
+        assert(ws->run == r || r->k->kind == WEFT__OP_P2P);
+        r = ws->run;
         ws->j_head = (ws->j_head + 1) % FIFO_CAP;
         ws->r_reducing--;
         ws->d_step = rf->step;
@@ -576,6 +599,405 @@ static int reap(run *r)
         if (touched[l])
             pump_lane(r, l);
     return any;
+}
+
+/* ---- sharing wires ----
+ *
+ * Several passes may be in flight at once: point-to-point messages
+ * progress beside each other and beside the one collective call that
+ * runs (core/request.c). They share each wire's two byte streams, so:
+ *
+ * - Sending, a lane's wire puts its header and every frame of its region
+ *   on the stream before another pass's bytes go there: the first to
+ *   start holds the stream (txq.owner) until its last frame is posted;
+ *   the others queue, and so do check channels' headers.
+ * - Receiving, the engine reads each stream's headers itself (rxq) and
+ *   hands each to the pass it belongs to: point-to-point headers (kind
+ *   P2P) to the receive of that peer that runs, any other to the
+ *   collective's lane or check channel. The pass then reads its frames
+ *   and gives the stream back once they are all posted. A collective's
+ *   header that no started pass takes yet waits, unread past, until the
+ *   collective starts; a point-to-point message that comes while the
+ *   collective waits behind it is read into memory (unexp) and handed to
+ *   its receive when that starts, so that a send posted before a
+ *   collective never holds the collective back on the other side. Past
+ *   UNEXP_MAX bytes held so, the stream waits instead.
+ *
+ * One pass per collective call runs at a time, and at most one receive
+ * (and one send) per peer of point-to-point (the scheduler's rules), so
+ * each stream has at most one point-to-point and one collective taker. */
+
+#define UNEXP_MAX ((size_t)64 << 20)
+
+enum { RX_IDLE, RX_READING, RX_HAVE, RX_BUSY };
+
+/* A point-to-point message's part on one wire, read before its receive
+ * started. */
+typedef struct unexp {
+    weft__xfer x;
+    struct rxq *q;
+    uint8_t hdr[HDR_BYTES];
+    char *buf;
+    size_t len;
+    int done;
+    wstate *taker; /* the receive that took it while it still arrived */
+    struct unexp *next;
+} unexp;
+
+typedef struct rxq {
+    weft__xfer x;
+    weft__ctx *c;
+    int peer, w;
+    int state; /* RX_* */
+    uint8_t hdr[HDR_BYTES];
+    wstate *coll; /* a collective's lane waiting for its header */
+    check *chk;   /* a collective's check channel waiting (wire 0) */
+    wstate *p2p;  /* a point-to-point receive waiting */
+    unexp *uq_head, *uq_tail;
+} rxq;
+
+typedef struct txq {
+    wstate *owner;
+    txw *head, *tail;
+} txq;
+
+static rxq *rxq_of(weft__ctx *c, int peer, int w)
+{
+    return &c->eng->rx[(size_t)peer * (size_t)c->eng->maxw + (size_t)w];
+}
+
+static txq *txq_of(weft__ctx *c, int peer, int w)
+{
+    return &c->eng->tx[(size_t)peer * (size_t)c->eng->maxw + (size_t)w];
+}
+
+static int run_p2p(const run *r)
+{
+    return r->k->kind == WEFT__OP_P2P;
+}
+
+/* Wire w's region of len bytes (elements of esize) over nw wires. */
+static weft__region wire_region(const weft__ctx *c, size_t len, size_t esize,
+                                int nw, int w)
+{
+    weft__region reg = {0, 0};
+    int used;
+
+    if (len == 0 || nw <= 0)
+        return reg;
+    used = weft__plan_wires(len, nw, c->cfg->min_wire_bytes);
+    if (w >= used)
+        return reg;
+    return weft__plan_region(len, used, esize, w);
+}
+
+/* A lane's header came: checked against what the lane expects. */
+static void rx_deliver(wstate *ws, const uint8_t *hdr)
+{
+    run *r = ws->run;
+    ophdr want = lane_hdr(r, ws->lane, 0);
+
+    ws->r_asked = 0;
+    ws->r_hdr = 1;
+    memcpy(ws->r_hdrbuf, hdr, HDR_BYTES);
+    hdr_check(r, ws->r_hdrbuf, &want, r->op.lanes[ws->lane].recv_peer, ws->w);
+}
+
+static void check_got(check *k, const uint8_t *hdr)
+{
+    run *r = k->run;
+    ophdr want = hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
+
+    k->asked = 0;
+    memcpy(k->rbuf, hdr, HDR_BYTES);
+    if (hdr_check(r, k->rbuf, &want, k->peer, 0) == 0)
+        k->got = 1;
+}
+
+/* An early message's bytes land in the receive that took it: its wire's
+ * part of the message is done. It leaves its wire's list (it is the
+ * oldest there: one receive per peer runs at a time). */
+static void unexp_land(wstate *ws, unexp *u)
+{
+    run *r = ws->run;
+    const weft__lane *ln = &r->op.lanes[ws->lane];
+    weft__region reg =
+        step_region(r, ln->steps[0].recv_len, r->rw[ws->lane], ws->w);
+    rxq *q = u->q;
+
+    assert(q->uq_head == u);
+    q->uq_head = u->next;
+    if (q->uq_head == NULL)
+        q->uq_tail = NULL;
+    ws->r_unexp = NULL;
+    if (r->err == 0 && reg.len != u->len)
+        engine_fail(r, WEFT_EMISMATCH,
+                    "rank %d: %s: peer %d sent %zu bytes on wire %d where "
+                    "this rank expected %zu",
+                    r->c->rank, r->k->name, ln->recv_peer, u->len, ws->w,
+                    reg.len);
+    else if (r->err == 0) {
+        memcpy(ln->steps[0].recv_dst + reg.off, u->buf, reg.len);
+        ws->r_step = ln->nsteps;
+        ws->r_frame = 0;
+        ws->d_step = ln->nsteps - 1;
+        ws->d_end = reg.off + reg.len;
+    }
+    r->c->eng->unexp_bytes -= u->len;
+    free(u->buf);
+    free(u);
+}
+
+static void unexp_done(weft__xfer *x)
+{
+    unexp *u = container_of(x, unexp, x);
+    wstate *ws = u->taker;
+
+    u->done = 1;
+    if (ws != NULL) {
+        unexp_land(ws, u);
+        pump_lane(ws->run, ws->lane);
+    }
+}
+
+/* A receive takes the oldest early message of its wire, once its header
+ * matched (where it does not, the pass fails and the message stays, to
+ * go with the transport). */
+static void unexp_take(wstate *ws, unexp *u)
+{
+    rx_deliver(ws, u->hdr);
+    if (ws->run->err != 0)
+        return;
+    if (u->done)
+        unexp_land(ws, u);
+    else {
+        u->taker = ws;
+        ws->r_unexp = u;
+    }
+}
+
+/* Reads the point-to-point message whose header q holds into memory:
+ * 0, or -1 where it may not (too much held already, no memory). */
+static int unexp_read(weft__ctx *c, rxq *q)
+{
+    struct weft__engine *e = c->eng;
+    ophdr h;
+    weft__region reg;
+    unexp *u;
+
+    hdr_decode(q->hdr, &h);
+    if (h.dtype >= 10)
+        return -1;
+    reg = wire_region(c, h.total, weft_dtype_size((weft_dtype)h.dtype),
+                      c->tpo->nwires(c->tp, q->peer), q->w);
+    if (reg.len == 0 || e->unexp_bytes + reg.len > UNEXP_MAX)
+        return -1;
+    if ((u = calloc(1, sizeof *u)) == NULL)
+        return -1;
+    if ((u->buf = malloc(reg.len)) == NULL) {
+        free(u);
+        return -1;
+    }
+    u->q = q;
+    u->len = reg.len;
+    memcpy(u->hdr, q->hdr, HDR_BYTES);
+    u->x.done = unexp_done;
+    u->x.buf = u->buf;
+    u->x.len = u->len;
+    if (c->tpo->post_recv(c->tp, q->peer, q->w, &u->x) != 0) {
+        free(u->buf);
+        free(u);
+        return -1;
+    }
+    e->unexp_bytes += u->len;
+    if (q->uq_tail != NULL)
+        q->uq_tail->next = u;
+    else
+        q->uq_head = u;
+    q->uq_tail = u;
+    return 0;
+}
+
+/* The wire's reader cannot post: whoever waits on it fails. */
+static void rx_fail(rxq *q, int rc)
+{
+    run *rs[3] = {q->coll != NULL ? q->coll->run : NULL,
+                  q->chk != NULL ? q->chk->run : NULL,
+                  q->p2p != NULL ? q->p2p->run : NULL};
+
+    for (int i = 0; i < 3; i++)
+        if (rs[i] != NULL && rs[i]->err == 0)
+            engine_fail(rs[i], rc,
+                        "rank %d: %s: cannot receive from peer %d: %s",
+                        q->c->rank, rs[i]->k->name, q->peer, weft_strerror(rc));
+}
+
+static void rx_hdr_done(weft__xfer *x);
+
+/* Moves q's stream on: hands a header that came to its taker, reads
+ * early messages, or posts the next header's read where someone waits
+ * for one. */
+static void rx_kick(rxq *q)
+{
+    weft__ctx *c = q->c;
+
+    for (;;) {
+        wstate *ws;
+        int p2p, rc;
+
+        if (q->state == RX_READING || q->state == RX_BUSY)
+            return;
+        if (q->state == RX_IDLE) {
+            if (q->coll == NULL && q->chk == NULL && q->p2p == NULL)
+                return;
+            q->x = (weft__xfer){0};
+            q->x.done = rx_hdr_done;
+            q->x.buf = (char *)q->hdr;
+            q->x.len = HDR_BYTES;
+            q->state = RX_READING;
+            if ((rc = c->tpo->post_recv(c->tp, q->peer, q->w, &q->x)) != 0) {
+                q->state = RX_IDLE;
+                rx_fail(q, rc);
+            }
+            return;
+        }
+        /* RX_HAVE */
+        p2p = weft__get_le32(q->hdr) == HDR_MAGIC && q->hdr[4] == WEFT__OP_P2P;
+        ws = p2p ? q->p2p : q->coll;
+        if (ws != NULL) {
+            if (p2p)
+                q->p2p = NULL;
+            else
+                q->coll = NULL;
+            q->state = RX_BUSY;
+            ws->r_owns = 1;
+            rx_deliver(ws, q->hdr);
+            pump_lane(ws->run, ws->lane);
+            return;
+        }
+        if (!p2p && q->chk != NULL) {
+            check *k = q->chk;
+
+            q->chk = NULL;
+            q->state = RX_IDLE;
+            check_got(k, q->hdr);
+            continue;
+        }
+        if (p2p && (q->coll != NULL || q->chk != NULL) &&
+            unexp_read(c, q) == 0) {
+            q->state = RX_IDLE;
+            continue;
+        }
+        return; /* nobody started here takes it yet: the stream waits */
+    }
+}
+
+static void rx_hdr_done(weft__xfer *x)
+{
+    rxq *q = container_of(x, rxq, x);
+
+    q->state = RX_HAVE;
+    rx_kick(q);
+}
+
+/* A lane's wire asks for its header; 1 where it has it already. */
+static int rx_ask(run *r, wstate *ws)
+{
+    rxq *q = rxq_of(r->c, r->op.lanes[ws->lane].recv_peer, ws->w);
+
+    ws->r_asked = 1;
+    if (run_p2p(r)) {
+        if (q->uq_head != NULL) {
+            unexp_take(ws, q->uq_head);
+            return 1;
+        }
+        q->p2p = ws;
+    } else
+        q->coll = ws;
+    rx_kick(q);
+    return ws->r_hdr;
+}
+
+static void rx_release(weft__ctx *c, int peer, int w)
+{
+    rxq *q = rxq_of(c, peer, w);
+
+    q->state = RX_IDLE;
+    rx_kick(q);
+}
+
+/* 1 where ws may put its bytes on its wire's stream now; else it queues
+ * and is pumped again once the stream is its own. */
+static int tx_take(run *r, wstate *ws)
+{
+    txq *q = txq_of(r->c, r->op.lanes[ws->lane].send_peer, ws->w);
+
+    if (q->owner == ws)
+        return 1;
+    if (q->owner == NULL && q->head == NULL) {
+        q->owner = ws;
+        return 1;
+    }
+    if (!ws->s_queued) {
+        ws->s_queued = 1;
+        ws->s_wait = (txw){NULL, ws, NULL};
+        if (q->tail != NULL)
+            q->tail->next = &ws->s_wait;
+        else
+            q->head = &ws->s_wait;
+        q->tail = &ws->s_wait;
+    }
+    return 0;
+}
+
+static void check_send(check *k);
+
+/* The stream's owner posted its last frame: the next in line starts. */
+static void tx_next(weft__ctx *c, txq *q)
+{
+    while (q->owner == NULL && q->head != NULL) {
+        txw *w = q->head;
+
+        q->head = w->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        if (w->k != NULL) {
+            check_send(w->k);
+            continue;
+        }
+        w->ws->s_queued = 0;
+        q->owner = w->ws;
+        pump_lane(w->ws->run, w->ws->lane);
+    }
+    (void)c;
+}
+
+/* Forgets every stream's state (the transport was shut down: nothing is
+ * in flight), and frees the early messages. */
+static void wires_reset(weft__ctx *c)
+{
+    struct weft__engine *e = c->eng;
+    size_t n;
+
+    if (e == NULL || e->rx == NULL)
+        return;
+    n = (size_t)c->nranks * (size_t)e->maxw;
+    for (size_t i = 0; i < n; i++) {
+        rxq *q = &e->rx[i];
+        unexp *u = q->uq_head, *next;
+
+        for (; u != NULL; u = next) {
+            next = u->next;
+            free(u->buf);
+            free(u);
+        }
+        q->uq_head = q->uq_tail = NULL;
+        q->state = RX_IDLE;
+        q->coll = q->p2p = NULL;
+        q->chk = NULL;
+        e->tx[i] = (txq){0};
+    }
+    e->unexp_bytes = 0;
 }
 
 /* ---- completions ---- */
@@ -601,12 +1023,8 @@ static void recv_done(weft__xfer *x)
     assert(&ws->r_fr[ws->r_head] == f);
     ws->r_head = (ws->r_head + 1) % FIFO_CAP;
     ws->r_count--;
-    if (f->hdr) {
-        ophdr want = lane_hdr(r, ws->lane, 0);
-        if (hdr_check(r, ws->r_hdrbuf, &want, r->op.lanes[ws->lane].recv_peer,
-                      ws->w) != 0)
-            return;
-    } else if (reduce_later(r, ws, f)) {
+    assert(!f->hdr);
+    if (reduce_later(r, ws, f)) {
         reduce_post(r, ws, f, st);
         /* Its slot stays taken: nothing more can be posted for it yet. */
         reap(r);
@@ -625,16 +1043,6 @@ static void recv_done(weft__xfer *x)
 static void check_send_done(weft__xfer *x)
 {
     container_of(x, check, sx)->sent = 1;
-}
-
-static void check_recv_done(weft__xfer *x)
-{
-    check *k = container_of(x, check, rx);
-    run *r = k->run;
-    ophdr want = hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
-
-    if (hdr_check(r, k->rbuf, &want, k->peer, 0) == 0)
-        k->got = 1;
 }
 
 /* ---- posting ---- */
@@ -720,6 +1128,11 @@ static void pump_send(run *r, int lane, wstate *ws)
         assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (!ws->s_hdr) {
             ophdr h = lane_hdr(r, lane, 1);
+
+            /* The stream is this pass's from its header to its last
+             * frame ("sharing wires"). */
+            if (!tx_take(r, ws))
+                break;
             hdr_encode(ws->s_hdrbuf, &h);
             ws->s_hdr = 1;
             if (flen <= HDR_DATA_BYTES &&
@@ -745,14 +1158,23 @@ static void pump_send(run *r, int lane, wstate *ws)
             break;
         ws->s_frame++;
     }
+    if (ws->s_hdr && ws->s_step >= ln->nsteps && r->err == 0) {
+        txq *q = txq_of(r->c, ln->send_peer, ws->w);
+
+        if (q->owner == ws) {
+            q->owner = NULL;
+            tx_next(r->c, q);
+        }
+    }
 }
 
 static void pump_recv(run *r, int lane, wstate *ws)
 {
     const weft__lane *ln = &r->op.lanes[lane];
 
+    /* A message read early lands whole (unexp_land): no frames. */
     while (r->err == 0 && ws->r_count + ws->r_reducing < r->rdepth &&
-           ws->r_step < ln->nsteps) {
+           ws->r_step < ln->nsteps && ws->r_unexp == NULL) {
         const weft__step *st = &ln->steps[ws->r_step];
         weft__region reg = step_region(r, st->recv_len, r->rw[lane], ws->w);
         size_t flen, a;
@@ -768,9 +1190,10 @@ static void pump_recv(run *r, int lane, wstate *ws)
         a = reg.off + ws->r_frame * r->frame;
         assert(flen > 0 && a + flen <= reg.off + reg.len);
         if (!ws->r_hdr) {
-            ws->r_hdr = 1;
-            post(r, ws, 0, ws->r_step, 1, (char *)ws->r_hdrbuf, 0, HDR_BYTES,
-                 -1);
+            /* The wire's reader hands the header over ("sharing
+             * wires"), at once where it came already. */
+            if (ws->r_asked || !rx_ask(r, ws))
+                break;
             continue;
         }
         if (st->recv_a != NULL) {
@@ -788,6 +1211,10 @@ static void pump_recv(run *r, int lane, wstate *ws)
         if (post(r, ws, 0, ws->r_step, 0, buf, a, flen, slot) != 0)
             break;
         ws->r_frame++;
+    }
+    if (ws->r_owns && ws->r_step >= ln->nsteps && r->err == 0) {
+        ws->r_owns = 0;
+        rx_release(r->c, ln->recv_peer, ws->w);
     }
 }
 
@@ -924,6 +1351,70 @@ void weft__pass_wait(weft__pass *r)
     r->err = rc;
 }
 
+void weft__passes_wait(weft__pass *const *ps, int n)
+{
+    weft__ctx *c = ps[0]->c;
+    uint64_t deadline = UINT64_MAX, now;
+    char what[160];
+    int rc;
+
+    if (n == 1) {
+        weft__pass_wait(ps[0]);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        run *r = ps[i];
+
+        if (r->err != 0 || (r->box && box_wait(r)))
+            return;
+        if (r->k->deadline_ms < deadline)
+            deadline = r->k->deadline_ms;
+    }
+    if (reap(ps[0]))
+        return;
+    if (atomic_load(&c->aborted)) {
+        rc = weft__set_error(c, WEFT_EABORTED,
+                             "rank %d: %s aborted by weft_abort()", c->rank,
+                             ps[0]->k->name);
+        for (int i = 0; i < n; i++)
+            ps[i]->err = rc;
+        return;
+    }
+    now = weft__now_ms();
+    rc = now >= deadline ? WEFT_ETIMEDOUT : c->tpo->progress(c->tp, deadline);
+    if (rc == WEFT_OK) {
+        for (int i = 0; i < n; i++)
+            if (ps[i]->box)
+                box_poll(ps[i]);
+        reap(ps[0]);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (ps[i]->err != 0)
+            return; /* a completion failed a pass meanwhile */
+    if (rc == WEFT_ETIMEDOUT) {
+        /* Each operation has its own deadline: those past theirs fail. */
+        now = weft__now_ms();
+        for (int i = 0; i < n; i++) {
+            run *r = ps[i];
+
+            if (now < r->k->deadline_ms)
+                continue;
+            describe_wait(r, what, sizeof what);
+            r->err = weft__set_error(
+                c, WEFT_ETIMEDOUT,
+                "rank %d: %s passed its deadline of %d ms "
+                "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting for %s",
+                c->rank, r->k->name, r->k->timeout_ms, what);
+        }
+        return;
+    }
+    rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank,
+                         ps[0]->k->name, weft_strerror(rc));
+    for (int i = 0; i < n; i++)
+        ps[i]->err = rc;
+}
+
 static int engine_ensure(weft__ctx *c)
 {
     struct weft__engine *e = c->eng;
@@ -943,10 +1434,23 @@ static int engine_ensure(weft__ctx *c)
     e->maxw = maxw;
     e->stage = calloc((size_t)WEFT__MAX_LANES * (size_t)maxw * STAGE_SLOTS,
                       sizeof *e->stage);
-    if (e->stage == NULL) {
+    e->rx = calloc((size_t)c->nranks * (size_t)maxw, sizeof *e->rx);
+    e->tx = calloc((size_t)c->nranks * (size_t)maxw, sizeof *e->tx);
+    if (e->stage == NULL || e->rx == NULL || e->tx == NULL) {
+        free(e->stage);
+        free(e->rx);
+        free(e->tx);
         free(e);
         return WEFT_ENOMEM;
     }
+    for (int p = 0; p < c->nranks; p++)
+        for (int w = 0; w < maxw; w++) {
+            rxq *q = &e->rx[(size_t)p * (size_t)maxw + (size_t)w];
+
+            q->c = c;
+            q->peer = p;
+            q->w = w;
+        }
     c->eng = e;
     return WEFT_OK;
 }
@@ -963,6 +1467,9 @@ void weft__engine_free(weft__ctx *c)
     if (e == NULL)
         return;
     weft__reducer_destroy(e->reducer);
+    wires_reset(c);
+    free(e->rx);
+    free(e->tx);
     for (size_t i = 0;
          i < (size_t)WEFT__MAX_LANES * (size_t)e->maxw * STAGE_SLOTS; i++)
         free(e->stage[i]);
@@ -1032,31 +1539,54 @@ static void plan_checks(run *r)
     }
 }
 
+/* Posts a check channel's header on wire 0 (its stream is free). */
+static void check_send(check *k)
+{
+    run *r = k->run;
+    weft__ctx *c = r->c;
+    int rc;
+
+    if (r->err != 0)
+        return;
+    k->sx.done = check_send_done;
+    k->sx.buf = (char *)k->sbuf;
+    k->sx.len = HDR_BYTES;
+    if ((rc = c->tpo->post_send(c->tp, k->peer, 0, &k->sx)) != 0)
+        engine_fail(r, rc, "rank %d: %s: cannot post to peer %d: %s", c->rank,
+                    r->k->name, k->peer, weft_strerror(rc));
+}
+
 static void post_checks(run *r)
 {
     weft__ctx *c = r->c;
 
     for (int i = 0; i < r->nchecks && r->err == 0; i++) {
         check *k = &r->checks[i];
-        int rc = 0;
 
         if (k->recv) {
-            k->rx.done = check_recv_done;
-            k->rx.buf = (char *)k->rbuf;
-            k->rx.len = HDR_BYTES;
-            rc = c->tpo->post_recv(c->tp, k->peer, 0, &k->rx);
+            rxq *q = rxq_of(c, k->peer, 0);
+
+            k->asked = 1;
+            q->chk = k;
+            rx_kick(q);
         }
-        if (rc == 0 && k->send) {
+        if (k->send && r->err == 0) {
             ophdr h = hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
+            txq *q = txq_of(c, k->peer, 0);
+
             hdr_encode(k->sbuf, &h);
-            k->sx.done = check_send_done;
-            k->sx.buf = (char *)k->sbuf;
-            k->sx.len = HDR_BYTES;
-            rc = c->tpo->post_send(c->tp, k->peer, 0, &k->sx);
+            if (q->owner == NULL && q->head == NULL)
+                check_send(k);
+            else {
+                /* Behind another pass's bytes on the stream. */
+                k->s_wait = (txw){NULL, NULL, k};
+                if (q->tail != NULL)
+                    q->tail->next = &k->s_wait;
+                else
+                    q->head = &k->s_wait;
+                q->tail = &k->s_wait;
+            }
         }
-        if (rc != 0)
-            engine_fail(r, rc, "rank %d: %s: cannot post to peer %d: %s",
-                        c->rank, r->k->name, k->peer, weft_strerror(rc));
     }
 }
 
@@ -1403,6 +1933,9 @@ void weft__pass_end(weft__pass *r, int rc)
          * once we return) and fail the communicator. */
         weft__call_fail(c, rc, "rank %d: %s failed: %s", c->rank, r->k->name,
                         weft_strerror(rc));
+        /* Nothing is in flight now: every stream starts afresh (no
+         * later operation runs on c but to fail at once). */
+        wires_reset(c);
     }
     pass_free(c, r);
 }

@@ -235,6 +235,11 @@ int weft__pass_test(const weft__pass *p);
  * the pass, with a message naming what it waited for. */
 void weft__pass_wait(weft__pass *p);
 
+/* The same for several passes in flight at once (of one context): sleeps
+ * until something happened for any, and fails those whose call's deadline
+ * passed. */
+void weft__passes_wait(weft__pass *const *ps, int n);
+
 /* Frees a pass. One that failed, or is abandoned while pending, fails the
  * communicator with rc and shuts its transport down first, so that no
  * frame refers to the caller's buffers once this returns. */

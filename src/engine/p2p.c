@@ -9,6 +9,7 @@
 #include "transport/transport.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 int weft__sendrecv_post(weft__task *t)
@@ -25,7 +26,6 @@ int weft__sendrecv_post(weft__task *t)
                          relay_src ? src : -1, 0};
     const void *sendbuf = a->sendbuf;
     weft__op op;
-    int rc;
 
     weft__op_init(&op, a->dtype, WEFT_SUM);
     relay.nbytes = a->count * op.esize;
@@ -36,10 +36,15 @@ int weft__sendrecv_post(weft__task *t)
     if (dst >= 0 && src >= 0 &&
         (uintptr_t)a->sendbuf < (uintptr_t)a->recvbuf + relay.nbytes &&
         (uintptr_t)a->recvbuf < (uintptr_t)a->sendbuf + relay.nbytes) {
-        void *copy;
+        void *copy = malloc(relay.nbytes);
 
-        if ((rc = weft__scratch(c, relay.nbytes, &copy)) != 0)
-            return rc;
+        /* Not the context's scratch: a collective may run beside. */
+        if (copy == NULL)
+            return weft__note(c, WEFT_ENOMEM,
+                              "rank %d: %s: cannot allocate %zu bytes for a "
+                              "copy of the data to send",
+                              c->rank, t->k->name, relay.nbytes);
+        t->owned = copy;
         memcpy(copy, a->sendbuf, relay.nbytes);
         sendbuf = copy;
         relay.sendbuf = copy;

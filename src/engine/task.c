@@ -70,6 +70,28 @@ int weft__task_progress(weft__task *t)
     }
 }
 
+weft__pass *weft__task_pass_of(const weft__task *t)
+{
+    while (t->sub != NULL)
+        t = t->sub;
+    return t->pass;
+}
+
+void weft__task_end(weft__task *t, int rc)
+{
+    if (t->sub != NULL) {
+        weft__task_end(t->sub, rc);
+        free(t->sub);
+        t->sub = NULL;
+    }
+    if (t->pass != NULL) {
+        weft__pass_end(t->pass, rc == WEFT_OK ? WEFT_EABORTED : rc);
+        t->pass = NULL;
+    }
+    free(t->owned);
+    t->owned = NULL;
+}
+
 int weft__task_wait(weft__task *t)
 {
     int rc;

@@ -44,6 +44,10 @@ struct weft__task {
     int round;
     char *scratch;
     int via_scratch;
+    /* Memory of the task's own, freed when it ends (weft__task_end): what
+     * must not be the context's scratch, which the collective running
+     * beside a point-to-point task uses. */
+    void *owned;
 };
 
 /* Starts a task of call k with arguments a on c, among the whole job
@@ -67,6 +71,15 @@ int weft__task_sub_in(weft__task *t, const weft__group *g, const weft__args *a,
  * WEFT__PENDING while something is in flight, WEFT_OK once t is done, or
  * the error that ended it (nothing is in flight then). Never waits. */
 int weft__task_progress(weft__task *t);
+
+/* The innermost pass t has in flight, or NULL. */
+weft__pass *weft__task_pass_of(const weft__task *t);
+
+/* Ends t (top-level) once weft__task_progress returned rc, done or not:
+ * one still in flight is abandoned, its pass ended with rc (which fails
+ * the context and shuts its transport down, so no frame refers to t's
+ * buffers afterwards); its sub-tasks and own memory are freed. */
+void weft__task_end(weft__task *t, int rc);
 
 /* Progresses t until it is done or failed, sleeping in the transport in
  * between (under the call's deadline): the blocking calls' loop. */

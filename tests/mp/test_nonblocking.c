@@ -4,6 +4,14 @@
  * operations on overlapping buffers, a pipeline, two threads, progress
  * while the caller (or a rank in between) is outside weft, and what
  * failures, weft_abort and weft_finalize do to pending requests.
+ *
+ * Issue 30 (suites order, callbacks, batch): point-to-point requests
+ * that progress without waiting for earlier pending ones (receives
+ * posted before their sends, collectives between them, overlapping
+ * buffers, random mixes), over shared memory, TCP, several wires and
+ * the relay; a callback that sees its own request complete; and a run
+ * of small all_reduces where one rank's call differs, which fails that
+ * call alone, naming only counts some rank called.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -512,10 +520,13 @@ Test(nonblocking, peer_dies_with_requests_pending, .timeout = 60)
 /* A killed and a stopped peer: ranks 0-2 post ten operations of every
  * kind, each of which needs rank 3 (or comes after one that does), and
  * wait for them all; rank 3 is SIGKILLed or SIGSTOPped (arg) 200 ms into
- * them. On every survivor the first request ends with the cause
- * (WEFT_EPEER, or WEFT_ETIMEDOUT where the survivor saw only silence), the
- * other nine with WEFT_EABORTED, each callback once with its request's
- * result, and all of it within twice the deadline of the post. */
+ * them. On every survivor the request that found the failure ends with
+ * the cause (WEFT_EPEER, or WEFT_ETIMEDOUT where the survivor saw only
+ * silence): the first collective, or a sendrecv, which runs beside the
+ * collectives (API.md, Order); the others with WEFT_EABORTED (a sendrecv
+ * that needs no more of rank 3 may end well first); each
+ * callback once with its request's result, and all of it within twice
+ * the deadline of the post. */
 #define VICTIM_REQS 10
 #define VICTIM_DL_MS 1500
 
@@ -568,11 +579,19 @@ static int victim_rank(int rank, int nranks, void *arg)
         weft_wait_all(reqs, VICTIM_REQS);
     dt = mp_now_ms() - t0;
     stall = mp_stall_watch_stop();
-    for (int i = 0; i < VICTIM_REQS && !fail; i++) {
+    for (int i = 0, causes = 0; i < VICTIM_REQS && !fail; i++) {
         int got = weft_wait(reqs[i]);
-        int ok = i == 0 ? got == WEFT_EPEER || got == WEFT_ETIMEDOUT
-                        : got == WEFT_EABORTED;
+        /* The cause: the first collective (no later one starts before it
+         * ended), or a sendrecv running beside it; at least one has it. A
+         * sendrecv between survivors (rank 1's), or one whose bytes left
+         * before the failure, may end well before it. */
+        int cause = got == WEFT_EPEER || got == WEFT_ETIMEDOUT;
+        int ok = cause ? i == 0 || i % 5 == 4
+                       : got == WEFT_EABORTED || (i % 5 == 4 && got == WEFT_OK);
 
+        causes += cause;
+        if (i == VICTIM_REQS - 1 && causes == 0)
+            ok = 0;
         if (!ok || seen[i][0] != 1 || seen[i][1] != got)
             fail = (mp_log("request %d: %s, its callback ran %d times with "
                            "%s: %s",
@@ -787,3 +806,623 @@ Test(nonblocking, finalize_with_requests_pending, .timeout = 60)
     run_ranks(finalize_pending,
               &(struct mp_opts){.nranks = 2, .timeout_ms = 8000});
 }
+
+/* ==== Order: point-to-point requests among pending ones (issue 30) ====
+ *
+ * API.md, Order: point-to-point requests progress without waiting for
+ * earlier pending ones (a posted receive never holds back a later send,
+ * even with collectives between), messages between a pair match in post
+ * order, collectives keep their order among themselves, and an operation
+ * whose buffers overlap an earlier pending one's still waits for it. The
+ * cases are nb_cases.c's (nbprog runs them too); here each runs over
+ * shared memory, over TCP (WEFT_SHM=0), with two wires, and on hosts in
+ * a ring where ranks 0 and 2 (1 and 3) reach each other through the
+ * relay. Every operation has a deadline of ORDER_TIMEOUT_MS, so a
+ * receive that holds back the send it needs fails, naming itself. */
+
+#define ORDER_TIMEOUT_MS 4000
+
+enum nb_transport {
+    NB_SHM, /* ranks of one host over shared memory (WEFT_SHM=1) */
+    NB_TCP, /* ranks of one host over loopback TCP (WEFT_SHM=0) */
+    NB_RING /* one host per rank, in a ring of links: relayed pairs */
+};
+static const char *const nb_transport_names[] = {"shared memory", "TCP",
+                                                 "hosts in a ring (relay)"};
+
+static void set_transport(enum nb_transport t)
+{
+    setenv("WEFT_TOPOLOGY", "auto", 1);
+    if (t == NB_SHM) {
+        setenv("WEFT_SHM", "1", 1);
+    } else {
+        setenv("WEFT_SHM", "0", 1);
+        setenv("WEFT_TRANSPORT", "tcp", 1);
+    }
+}
+
+static struct mp_opts order_opts(int nranks, int wires, enum nb_transport t)
+{
+    return (struct mp_opts){
+        .nranks = nranks,
+        .layout = t == NB_RING ? MP_LAYOUT_RING : MP_LAYOUT_ONE_HOST,
+        .wires = wires,
+        .timeout_ms = ORDER_TIMEOUT_MS,
+        .connect_timeout_ms = 20000,
+        .deadline_ms = 60000,
+    };
+}
+
+/* weft_init, a barrier, the deadline, fn, weft_finalize. */
+static int order_rank(int rank, int nranks, void *arg)
+{
+    case_fn fn = *(case_fn *)arg;
+    weft_comm *c;
+    int fail, rc;
+
+    if (init_all(&c, rank, nranks))
+        return 1;
+    if ((rc = weft_set_timeout(c, ORDER_TIMEOUT_MS)) != WEFT_OK)
+        fail = mp_report_rc(c, "weft_set_timeout", rc);
+    else
+        fail = fn(c, NULL);
+    if ((rc = weft_finalize(c)) != WEFT_OK) {
+        mp_log("weft_finalize returned %s", weft_err_name(rc));
+        fail = 1;
+    }
+    return fail;
+}
+
+static void run_order(case_fn fn, int nranks, int wires, enum nb_transport t,
+                      const char *what)
+{
+    struct mp_opts o = order_opts(nranks, wires, t);
+    struct mp_result res;
+    char buf[1024];
+
+    small_thresholds();
+    set_transport(t);
+    cr_assert_eq(mp_run(&o, order_rank, &fn, &res), 0,
+                 "could not set up the job");
+    cr_assert(mp_all_passed(&res), "%s, %s, %d ranks, %d wire(s): %s", what,
+              nb_transport_names[t], nranks, wires,
+              mp_describe(&res, buf, sizeof buf));
+}
+
+static int irecv_first(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_irecv_first(c);
+}
+
+static int ring_exchange(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_ring_exchange(c);
+}
+
+static int coll_between(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_coll_between(c);
+}
+
+static int hazards(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_hazards(c);
+}
+
+static int random_p2p(weft_comm *c, void *arg)
+{
+    (void)arg;
+    for (uint64_t seed = 1; seed <= 16; seed++)
+        if (nb_random_p2p(c, seed))
+            return 1;
+    return 0;
+}
+
+static int callback_state(weft_comm *c, void *arg)
+{
+    (void)arg;
+    return nb_callback_state(c);
+}
+
+#define ORDER_TEST(name, fn, n, w, t)                                          \
+    Test(order, name, .timeout = 90)                                           \
+    {                                                                          \
+        run_order(fn, n, w, t, #fn);                                           \
+    }
+
+/* Receives from every peer posted before the sends to it (1 float to
+ * 4 MiB, several frames and wires), bit for bit and in order. */
+ORDER_TEST(irecv_first_2ranks_shm, irecv_first, 2, 1, NB_SHM)
+ORDER_TEST(irecv_first_2ranks_tcp_2wires, irecv_first, 2, 2, NB_TCP)
+ORDER_TEST(irecv_first_3ranks_tcp, irecv_first, 3, 1, NB_TCP)
+ORDER_TEST(irecv_first_4ranks_shm, irecv_first, 4, 1, NB_SHM)
+ORDER_TEST(irecv_first_4ranks_relayed_ring, irecv_first, 4, 1, NB_RING)
+
+/* irecv left, irecv right, isend right, isend left, wait_all. */
+ORDER_TEST(ring_exchange_2ranks_tcp, ring_exchange, 2, 1, NB_TCP)
+ORDER_TEST(ring_exchange_3ranks_shm, ring_exchange, 3, 1, NB_SHM)
+ORDER_TEST(ring_exchange_4ranks_tcp_2wires, ring_exchange, 4, 2, NB_TCP)
+ORDER_TEST(ring_exchange_4ranks_relayed_ring, ring_exchange, 4, 2, NB_RING)
+
+/* Collectives (posted, and blocking ones) between receives and sends. */
+ORDER_TEST(coll_between_2ranks_shm, coll_between, 2, 1, NB_SHM)
+ORDER_TEST(coll_between_3ranks_tcp_2wires, coll_between, 3, 2, NB_TCP)
+ORDER_TEST(coll_between_4ranks_shm, coll_between, 4, 1, NB_SHM)
+ORDER_TEST(coll_between_4ranks_relayed_ring, coll_between, 4, 1, NB_RING)
+
+/* Overlapping buffers: the hazards still hold. */
+ORDER_TEST(hazards_2ranks_shm, hazards, 2, 1, NB_SHM)
+ORDER_TEST(hazards_3ranks_tcp_2wires, hazards, 3, 2, NB_TCP)
+ORDER_TEST(hazards_4ranks_relayed_ring, hazards, 4, 1, NB_RING)
+
+/* Random sequences of messages and collectives, seeds 1-16. */
+ORDER_TEST(random_2ranks_shm, random_p2p, 2, 1, NB_SHM)
+ORDER_TEST(random_2ranks_tcp, random_p2p, 2, 1, NB_TCP)
+ORDER_TEST(random_3ranks_shm, random_p2p, 3, 1, NB_SHM)
+ORDER_TEST(random_3ranks_tcp_2wires, random_p2p, 3, 2, NB_TCP)
+ORDER_TEST(random_4ranks_shm, random_p2p, 4, 1, NB_SHM)
+ORDER_TEST(random_4ranks_relayed_ring, random_p2p, 4, 2, NB_RING)
+
+/* ---- a send and its receive of different sizes ----
+ *
+ * Rank 1 sends rank 0 one element more, or one less, than rank 0
+ * receives, the receive posted before the send or after: rank 0's
+ * receive ends with WEFT_EMISMATCH or a deadline (its own, or rank 1's,
+ * which rank 0 sees as WEFT_EPEER; or WEFT_EABORTED behind its own send
+ * that failed first), never WEFT_OK, and writes nothing past its
+ * buffer. The messages the other way are right,
+ * and each rank waits until the other has its results before it
+ * finalizes (so nobody sees the other leave). */
+struct size_mismatch {
+    int recv_first;
+    int delta; /* rank 1 sends count + delta */
+};
+
+#define SM_COUNT 70001
+
+static int size_mismatch_rank(int rank, int nranks, void *arg)
+{
+    const struct size_mismatch *sm = arg;
+    volatile int *done = mp_shm();
+    const int peer = 1 - rank;
+    const size_t send_count =
+        SM_COUNT + (rank == 1 ? (size_t)(long)sm->delta : 0);
+    float *sb = mp_alloc((SM_COUNT + 1) * sizeof(float));
+    float *rb = mp_alloc(SM_COUNT * sizeof(float));
+    weft_request *reqs[2] = {NULL, NULL};
+    weft_comm *c;
+    int fail = 0, rc = WEFT_OK;
+
+    if (init_all(&c, rank, nranks)) {
+        free(sb);
+        free(rb);
+        return 1;
+    }
+    weft_set_timeout(c, ORDER_TIMEOUT_MS);
+    memset(sb, 0, (SM_COUNT + 1) * sizeof(float));
+    for (int k = 0; k < 2 && rc == WEFT_OK; k++) {
+        if ((k == 0) == (sm->recv_first != 0))
+            rc = weft_irecv(c, rb, SM_COUNT, WEFT_FLOAT32, peer, &reqs[0]);
+        else
+            rc = weft_isend(c, sb, send_count, WEFT_FLOAT32, peer, &reqs[1]);
+    }
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "post", rc);
+    if (!fail) {
+        weft_wait_all(reqs, 2);
+        int rrc = weft_wait(reqs[0]), src = weft_wait(reqs[1]);
+        /* WEFT_EPEER: the peer's own deadline came first, and it left;
+         * WEFT_EABORTED: the send before it failed first. */
+        if (rank == 0 && rrc != WEFT_EMISMATCH && rrc != WEFT_ETIMEDOUT &&
+            rrc != WEFT_EPEER && rrc != WEFT_EABORTED) {
+            mp_log("irecv of %d floats (posted %s the isend) met a send of "
+                   "%zu: returned %s, expected WEFT_EMISMATCH or a deadline "
+                   "(WEFT_ETIMEDOUT; WEFT_EPEER from a peer whose deadline "
+                   "came first), never data of another size: %s",
+                   SM_COUNT, sm->recv_first ? "before" : "after",
+                   (size_t)SM_COUNT + (size_t)(long)sm->delta,
+                   weft_err_name(rrc), weft_last_error(c));
+            fail = 1;
+        }
+        if (!mp_canary_ok(rb, SM_COUNT * sizeof(float))) {
+            mp_log("the receive of %d floats was written past its end",
+                   SM_COUNT);
+            fail = 1;
+        }
+        mp_log("receive %s, send %s: %s", weft_err_name(rrc),
+               weft_err_name(src), weft_last_error(c));
+    }
+    done[rank] = 1;
+    for (double end = mp_now_ms() + 10000; !done[peer] && mp_now_ms() < end;)
+        mp_sleep_ms(2);
+    for (int k = 0; k < 2; k++)
+        weft_request_free(reqs[k]);
+    weft_finalize(c);
+    free(sb);
+    free(rb);
+    return fail;
+}
+
+static void run_size_mismatch(int recv_first, int delta, enum nb_transport t)
+{
+    struct size_mismatch sm = {recv_first, delta};
+    struct mp_opts o = order_opts(2, t == NB_TCP ? 2 : 1, t);
+    struct mp_result res;
+    char buf[1024];
+
+    small_thresholds();
+    set_transport(t);
+    cr_assert_eq(mp_run(&o, size_mismatch_rank, &sm, &res), 0,
+                 "could not set up the job");
+    cr_assert(mp_all_passed(&res),
+              "a send of %d floats, a receive of %d (posted %s it), %s: %s",
+              SM_COUNT + delta, SM_COUNT, recv_first ? "before" : "after",
+              nb_transport_names[t], mp_describe(&res, buf, sizeof buf));
+}
+
+Test(order, size_mismatch_shm, .timeout = 90)
+{
+    run_size_mismatch(1, 1, NB_SHM);
+    run_size_mismatch(1, -1, NB_SHM);
+    run_size_mismatch(0, 1, NB_SHM);
+}
+
+Test(order, size_mismatch_tcp, .timeout = 90)
+{
+    run_size_mismatch(1, 1, NB_TCP);
+    run_size_mismatch(1, -1, NB_TCP);
+    run_size_mismatch(0, -1, NB_TCP);
+}
+
+/* ==== Callbacks see their own request complete (issue 30) ==== */
+
+Test(callbacks, test_inside_callback_2ranks_shm, .timeout = 60)
+{
+    run_order(callback_state, 2, 1, NB_SHM, "callback_state");
+}
+
+Test(callbacks, test_inside_callback_3ranks_tcp, .timeout = 60)
+{
+    run_order(callback_state, 3, 1, NB_TCP, "callback_state");
+}
+
+Test(callbacks, test_inside_callback_4ranks_relayed_ring, .timeout = 60)
+{
+    run_order(callback_state, 4, 1, NB_RING, "callback_state");
+}
+
+/* Rank 0's receives never get data; weft_abort (arg 0) or weft_finalize
+ * (arg 1) completes them with WEFT_EABORTED: each callback, calling
+ * weft_test on its own request, sees it done with that result. */
+#define CB_PENDING 8
+
+static int cb_aborted_rank(int rank, int nranks, void *arg)
+{
+    const int use_finalize = *(const int *)arg;
+    const char *what = use_finalize ? "callbacks of requests weft_finalize "
+                                      "aborted"
+                                    : "callbacks of requests weft_abort "
+                                      "aborted";
+    static float buf[CB_PENDING * 16];
+    static nb_cb_seen seen[CB_PENDING];
+    weft_request *reqs[CB_PENDING] = {0};
+    weft_comm *c;
+    int fail = 0, rc;
+
+    if (init_all(&c, rank, nranks))
+        return 1;
+    weft_set_timeout(c, ORDER_TIMEOUT_MS);
+    if (rank != 0) {
+        /* Sends nothing; sees rank 0 go. */
+        rc = weft_recv(c, buf, 1, WEFT_FLOAT32, 0);
+        if (rc != WEFT_EPEER && rc != WEFT_ETIMEDOUT)
+            fail =
+                (mp_log("recv from a rank that aborted: %s", weft_err_name(rc)),
+                 1);
+        weft_finalize(c);
+        return fail;
+    }
+    nb_cb_reset(seen, CB_PENDING);
+    for (int i = 0; i < CB_PENDING && !fail; i++) {
+        rc = weft_irecv(c, buf + i * 16, 16, WEFT_FLOAT32, 1, &reqs[i]);
+        if (rc == WEFT_OK)
+            rc = weft_request_on_complete(reqs[i], nb_state_cb, &seen[i]);
+        if (rc != WEFT_OK)
+            fail = mp_report_rc(c, "irecv", rc);
+    }
+    mp_sleep_ms(100);
+    if (use_finalize) {
+        weft_finalize(c);
+        c = NULL;
+    } else {
+        weft_abort(c);
+    }
+    weft_wait_all(reqs, CB_PENDING);
+    if (!fail)
+        fail = nb_cb_check(seen, CB_PENDING, WEFT_EABORTED, what, NULL);
+    for (int i = 0; i < CB_PENDING; i++)
+        weft_request_free(reqs[i]);
+    weft_finalize(c);
+    return fail;
+}
+
+static void run_cb_aborted(int use_finalize)
+{
+    struct mp_opts o = order_opts(2, 1, NB_SHM);
+    struct mp_result res;
+    char buf[1024];
+
+    cr_assert_eq(mp_run(&o, cb_aborted_rank, &use_finalize, &res), 0,
+                 "could not set up the job");
+    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
+}
+
+Test(callbacks, test_inside_callback_after_abort, .timeout = 60)
+{
+    run_cb_aborted(0);
+}
+
+Test(callbacks, test_inside_callback_during_finalize, .timeout = 60)
+{
+    run_cb_aborted(1);
+}
+
+/* Small integers (1 .. 3) by call, rank and element: sums stay exact. */
+static float small_value(int call, int rank, size_t i)
+{
+    return (float)((mp_hash64((uint64_t)call * 1000003u + i) + (uint64_t)rank) %
+                       3 +
+                   1);
+}
+
+/* ==== A run of small all_reduces where one rank's call differs ====
+ *
+ * (issue 30) Behind a long all_reduce (so that every rank has the small
+ * ones queued, and weft may run them as batches), each rank posts a run
+ * of small iall_reduces; one rank's call at position pos differs (one
+ * element more, int32 for float32, or max for sum). Over every transport:
+ * the calls before pos matched on every rank and get their own results
+ * (checked), the one at pos fails (WEFT_EMISMATCH; with 3 ranks a rank
+ * that did not see the odd call may see its deadline, but one rank says
+ * WEFT_EMISMATCH), every later one WEFT_EABORTED; and weft_last_error
+ * names only counts that some rank called (never a batch's sum). */
+
+#define BM_MAX 8
+enum { BM_COUNT, BM_DTYPE, BM_OP };
+static const char *const bm_kind_names[] = {"one element more",
+                                            "int32 for float32", "max for sum"};
+
+struct batch_case {
+    int nranks;
+    int nops;   /* 3 or BM_MAX */
+    int pos;    /* which call differs */
+    int kind;   /* BM_* */
+    int varied; /* counts of bm_counts[1] rather than all 100 */
+    enum nb_transport t;
+};
+
+static const size_t bm_counts[2][BM_MAX] = {
+    {100, 100, 100, 100, 100, 100, 100, 100},
+    {100, 37, 100, 5, 64, 100, 12, 100},
+};
+
+/* What the ranks tell the parent (mp_shm). */
+struct bm_shared {
+    int rc[MP_MAX_RANKS][BM_MAX];
+    int done[MP_MAX_RANKS];
+};
+
+/* The rank whose call differs. */
+static int bm_odd(const struct batch_case *bc)
+{
+    return bc->kind == BM_COUNT ? bc->nranks - 1 : 0;
+}
+
+/* 1 when n is a count that some rank called. */
+static int bm_called(const struct batch_case *bc, unsigned long long n)
+{
+    const size_t *counts = bm_counts[bc->varied];
+
+    for (int j = 0; j < bc->nops; j++)
+        if (n == counts[j] ||
+            (bc->kind == BM_COUNT && j == bc->pos && n == counts[j] + 1))
+            return 1;
+    return 0;
+}
+
+/* 0 when msg names only counts some rank called, and one of those of
+ * the differing call; else 1 after a message. */
+static int bm_check_msg(const struct batch_case *bc, const char *msg)
+{
+    const size_t want = bm_counts[bc->varied][bc->pos];
+    const size_t want2 = want + (bc->kind == BM_COUNT);
+    int named = 0;
+
+    for (const char *p = msg; (p = strstr(p, "count ")) != NULL;) {
+        char *end;
+        unsigned long long n;
+
+        p += 6;
+        if (*p < '0' || *p > '9')
+            continue;
+        n = strtoull(p, &end, 10);
+        p = end;
+        if (!bm_called(bc, n)) {
+            mp_log("weft_last_error names \"count %llu\", which no rank "
+                   "called (the calls were of %zu elements, the odd one %zu): "
+                   "%s",
+                   n, want, want2, msg);
+            return 1;
+        }
+        named |= n == want || n == want2;
+    }
+    if (!named) {
+        mp_log("weft_last_error names neither \"count %zu\" nor \"count %zu\" "
+               "(the calls that differ): %s",
+               want, want2, msg);
+        return 1;
+    }
+    return 0;
+}
+
+static int bm_rank(int rank, int nranks, void *arg)
+{
+    static float big[1 << 20];
+    const struct batch_case *bc = arg;
+    struct bm_shared *sh = mp_shm();
+    const size_t *counts = bm_counts[bc->varied];
+    const int odd = rank == bm_odd(bc);
+    float *in[BM_MAX] = {0}, *out[BM_MAX] = {0};
+    weft_request *reqs[BM_MAX + 1] = {0};
+    weft_comm *c;
+    int fail = 0, rc;
+
+    if (init_all(&c, rank, nranks))
+        return 1;
+    weft_set_timeout(c, ORDER_TIMEOUT_MS);
+    rc = weft_iall_reduce(c, big, big, 1 << 20, WEFT_FLOAT32, WEFT_SUM,
+                          &reqs[0]);
+    for (int j = 0; j < bc->nops && rc == WEFT_OK; j++) {
+        const int here = odd && j == bc->pos;
+        const size_t count = counts[j] + (here && bc->kind == BM_COUNT);
+
+        in[j] = mp_alloc(count * sizeof(float));
+        out[j] = mp_alloc(count * sizeof(float));
+        for (size_t i = 0; i < count; i++)
+            in[j][i] = small_value(j, rank, i);
+        rc = weft_iall_reduce(
+            c, in[j], out[j], count,
+            here && bc->kind == BM_DTYPE ? WEFT_INT32 : WEFT_FLOAT32,
+            here && bc->kind == BM_OP ? WEFT_MAX : WEFT_SUM, &reqs[j + 1]);
+    }
+    if (rc != WEFT_OK)
+        fail = mp_report_rc(c, "iall_reduce", rc);
+    if (!fail) {
+        weft_wait_all(reqs, (size_t)bc->nops + 1);
+        if ((rc = weft_wait(reqs[0])) != WEFT_OK)
+            fail = mp_report_rc(c, "the long all_reduce in front", rc);
+    }
+    for (int j = 0; j < bc->nops && !fail; j++) {
+        rc = sh->rc[rank][j] = weft_wait(reqs[j + 1]);
+        int ok = j < bc->pos   ? rc == WEFT_OK
+                 : j > bc->pos ? rc == WEFT_EABORTED
+                 : nranks == 2 ? rc == WEFT_EMISMATCH
+                               : rc == WEFT_EMISMATCH || rc == WEFT_ETIMEDOUT ||
+                                     rc == WEFT_EPEER;
+        if (!ok) {
+            mp_log("call %d of %d (count %zu): returned %s, expected %s (the "
+                   "call at %d differs: %s on rank %d): %s",
+                   j, bc->nops, counts[j], weft_err_name(rc),
+                   j < bc->pos   ? "WEFT_OK: it matched on every rank"
+                   : j > bc->pos ? "WEFT_EABORTED: a later call"
+                                 : "WEFT_EMISMATCH",
+                   bc->pos, bm_kind_names[bc->kind], bm_odd(bc),
+                   weft_last_error(c));
+            fail = 1;
+        } else if (j < bc->pos) {
+            float *want = mp_alloc(counts[j] * sizeof(float));
+            char what[64];
+
+            for (size_t i = 0; i < counts[j]; i++) {
+                want[i] = 0.0f;
+                for (int r = 0; r < nranks; r++)
+                    want[i] += small_value(j, r, i);
+            }
+            snprintf(what, sizeof what, "call %d of %d (count %zu)", j,
+                     bc->nops, counts[j]);
+            fail = mp_check_elems(what, "recvbuf", WEFT_FLOAT32, out[j], want,
+                                  counts[j]) ||
+                   mp_check_canary(what, "recvbuf", out[j],
+                                   counts[j] * sizeof(float));
+            free(want);
+        } else if (j == bc->pos && rc == WEFT_EMISMATCH) {
+            fail = bm_check_msg(bc, weft_last_error(c));
+        }
+    }
+    if (!fail)
+        mp_log("as expected: %s", weft_last_error(c));
+    /* Leave once every rank has its results: none sees another go. */
+    sh->done[rank] = 1;
+    for (double end = mp_now_ms() + 10000; mp_now_ms() < end;) {
+        int all = 1;
+        for (int r = 0; r < nranks; r++)
+            all &= ((volatile int *)sh->done)[r];
+        if (all)
+            break;
+        mp_sleep_ms(2);
+    }
+    for (int j = 0; j <= bc->nops; j++)
+        weft_request_free(reqs[j]);
+    for (int j = 0; j < bc->nops; j++) {
+        free(in[j]);
+        free(out[j]);
+    }
+    weft_finalize(c);
+    return fail;
+}
+
+static void run_batch_case(const struct batch_case *bc)
+{
+    struct mp_opts o = order_opts(bc->nranks, 1, bc->t);
+    const struct bm_shared *sh = mp_shm();
+    struct mp_result res;
+    char buf[1024];
+    int mismatch = 0;
+
+    set_transport(bc->t);
+    cr_assert_eq(mp_run(&o, bm_rank, (void *)bc, &res), 0,
+                 "could not set up the job");
+    cr_assert(mp_all_passed(&res),
+              "%d iall_reduces, call %d differs on rank %d (%s), %s, %d "
+              "ranks: %s",
+              bc->nops, bc->pos, bm_odd(bc), bm_kind_names[bc->kind],
+              nb_transport_names[bc->t], bc->nranks,
+              mp_describe(&res, buf, sizeof buf));
+    for (int r = 0; r < bc->nranks; r++)
+        mismatch |= sh->rc[r][bc->pos] == WEFT_EMISMATCH;
+    cr_assert(mismatch,
+              "call %d differs (%s), %s: no rank said "
+              "WEFT_EMISMATCH",
+              bc->pos, bm_kind_names[bc->kind], nb_transport_names[bc->t]);
+}
+
+#define BATCH_TEST(name, n, nops, pos, kind, varied, t)                        \
+    Test(batch, name, .timeout = 60)                                           \
+    {                                                                          \
+        static const struct batch_case bc = {n, nops, pos, kind, varied, t};   \
+        run_batch_case(&bc);                                                   \
+    }
+
+/* The testers' case: 100, 100, 100 against 100, 100, 101. */
+BATCH_TEST(three_last_differs_2ranks_shm, 2, 3, 2, BM_COUNT, 0, NB_SHM)
+BATCH_TEST(three_last_differs_2ranks_tcp, 2, 3, 2, BM_COUNT, 0, NB_TCP)
+/* Eight calls, one count differing at 0, 1, 2 or 5. */
+BATCH_TEST(count_at_0_2ranks_shm, 2, BM_MAX, 0, BM_COUNT, 0, NB_SHM)
+BATCH_TEST(count_at_0_2ranks_tcp, 2, BM_MAX, 0, BM_COUNT, 0, NB_TCP)
+BATCH_TEST(count_at_1_2ranks_shm, 2, BM_MAX, 1, BM_COUNT, 1, NB_SHM)
+BATCH_TEST(count_at_1_2ranks_tcp, 2, BM_MAX, 1, BM_COUNT, 1, NB_TCP)
+BATCH_TEST(count_at_2_2ranks_shm, 2, BM_MAX, 2, BM_COUNT, 0, NB_SHM)
+BATCH_TEST(count_at_2_2ranks_tcp, 2, BM_MAX, 2, BM_COUNT, 0, NB_TCP)
+BATCH_TEST(count_at_5_2ranks_shm, 2, BM_MAX, 5, BM_COUNT, 1, NB_SHM)
+BATCH_TEST(count_at_5_2ranks_tcp, 2, BM_MAX, 5, BM_COUNT, 1, NB_TCP)
+BATCH_TEST(count_at_0_3ranks_shm, 3, BM_MAX, 0, BM_COUNT, 1, NB_SHM)
+BATCH_TEST(count_at_0_3ranks_tcp, 3, BM_MAX, 0, BM_COUNT, 1, NB_TCP)
+BATCH_TEST(count_at_1_3ranks_shm, 3, BM_MAX, 1, BM_COUNT, 0, NB_SHM)
+BATCH_TEST(count_at_1_3ranks_tcp, 3, BM_MAX, 1, BM_COUNT, 0, NB_TCP)
+BATCH_TEST(count_at_2_3ranks_shm, 3, BM_MAX, 2, BM_COUNT, 1, NB_SHM)
+BATCH_TEST(count_at_2_3ranks_tcp, 3, BM_MAX, 2, BM_COUNT, 1, NB_TCP)
+BATCH_TEST(count_at_5_3ranks_shm, 3, BM_MAX, 5, BM_COUNT, 0, NB_SHM)
+BATCH_TEST(count_at_5_3ranks_tcp, 3, BM_MAX, 5, BM_COUNT, 0, NB_TCP)
+/* Another dtype (of the same size) or op on rank 0. */
+BATCH_TEST(dtype_at_3_2ranks_shm, 2, BM_MAX, 3, BM_DTYPE, 1, NB_SHM)
+BATCH_TEST(dtype_at_3_2ranks_tcp, 2, BM_MAX, 3, BM_DTYPE, 1, NB_TCP)
+BATCH_TEST(dtype_at_3_3ranks_shm, 3, BM_MAX, 3, BM_DTYPE, 0, NB_SHM)
+BATCH_TEST(dtype_at_3_3ranks_tcp, 3, BM_MAX, 3, BM_DTYPE, 0, NB_TCP)
+BATCH_TEST(op_at_5_2ranks_shm, 2, BM_MAX, 5, BM_OP, 0, NB_SHM)
+BATCH_TEST(op_at_5_2ranks_tcp, 2, BM_MAX, 5, BM_OP, 0, NB_TCP)
+BATCH_TEST(op_at_5_3ranks_shm, 3, BM_MAX, 5, BM_OP, 1, NB_SHM)
+BATCH_TEST(op_at_5_3ranks_tcp, 3, BM_MAX, 5, BM_OP, 1, NB_TCP)

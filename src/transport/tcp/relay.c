@@ -206,10 +206,16 @@ static void relay_chunk(conn *k, rchunk *c)
         return;
     }
     /* Once the transport has failed nothing completes: kept, and freed
-     * with the rest at shutdown. */
-    if (tp->err == 0 && relay_deliver(tp, c))
-        return;
+     * with the rest at shutdown. A chunk whose source has chunks kept
+     * waits behind them (weft__tcp_relay_drain hands them over in
+     * order): delivered at once, it would overtake them into a receive
+     * posted for an earlier message that the drain has not reached yet. */
     for (pp = &tp->rpending; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->src == c->src)
+            break;
+    if (*pp == NULL && tp->err == 0 && relay_deliver(tp, c))
+        return;
+    for (; *pp != NULL; pp = &(*pp)->next)
         ;
     c->next = NULL;
     *pp = c;
