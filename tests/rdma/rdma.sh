@@ -25,6 +25,7 @@ runner=${WEFT_RUN_IN_GUEST:-$here/run-in-guest}
 WEFTRUN=${WEFTRUN:-$top/weftrun}
 WEFT_BENCH=${WEFT_BENCH:-$top/weft-bench}
 FAILPROG=${WEFT_TEST_FAILPROG:-$top/tests/mp/failprog}
+NBPROG=${WEFT_TEST_NBPROG:-$top/tests/mp/nbprog}
 
 skip() {
     echo "SKIP: $*"
@@ -53,6 +54,7 @@ fi
 
 set -- --file "$WEFTRUN" --file "$WEFT_BENCH" --file "$here/guest-tests"
 [ -x "$FAILPROG" ] && set -- "$@" --file "$FAILPROG"
+[ -x "$NBPROG" ] && set -- "$@" --file "$NBPROG"
 for t in test_collectives test_p2p test_failures; do
     [ -x "$top/tests/mp/$t" ] && set -- "$@" --file "$top/tests/mp/$t"
 done
