@@ -14,6 +14,7 @@ them; a request holds its Bufs until its operation has completed.
 """
 import ctypes
 import enum
+import operator
 import sys
 
 from weft._errors import InvalidArgument
@@ -65,8 +66,43 @@ _FLOAT_BY_CHAR = {"e": DType.FLOAT16, "f": DType.FLOAT32, "d": DType.FLOAT64}
 _NATIVE = "<" if sys.byteorder == "little" else ">"
 
 
-def as_op(op):
-    """An Op from an Op, its int value or its name ("sum", "MAX")."""
+# The range of a C int. ctypes passes a Python int as a C int by keeping
+# its low bits, so that 2**32 + 1 arrived as 1 (and int() had truncated
+# floats): every integer the package gives libweft goes through as_c_int().
+# (Counts are not among them: they come from the buffers' sizes.)
+_INT_BITS = 8 * ctypes.sizeof(ctypes.c_int)
+_INT_MIN, _INT_MAX = -2**(_INT_BITS - 1), 2**(_INT_BITS - 1) - 1
+
+
+def as_c_int(value, what):
+    """value as a Python int that a C int holds, for the argument named
+    what ("send: peer"); weft.InvalidArgument, naming it, for anything
+    else. Integers are what operator.index() takes: int, numpy's integer
+    scalars, any object with __index__. Floats are refused rather than
+    truncated (1.7 is no rank), and so are bools: True where a rank or a
+    timeout belongs is a mistake, not rank 1. Ranges narrower than a C
+    int's (a peer that is a rank) are libweft's to check."""
+    if type(value) is not int:      # the common case costs one test
+        if isinstance(value, bool) or (hasattr(value, "dtype") and
+                                       getattr(value.dtype, "kind", "")
+                                       == "b"):
+            raise InvalidArgument("%s must be an integer, not a bool (%r)" %
+                                  (what, value))
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise InvalidArgument("%s must be an integer, not %s (%r)" %
+                                  (what, type(value).__name__, value)) \
+                from None
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise InvalidArgument("%s %d is out of the range of a C int (%d .. "
+                              "%d)" % (what, value, _INT_MIN, _INT_MAX))
+    return value
+
+
+def as_op(op, what="op"):
+    """An Op from an Op, its int value or its name ("sum", "MAX"); what
+    names the argument in the message ("all_reduce: op")."""
     if type(op) is Op:
         return op
     if isinstance(op, str):
@@ -76,17 +112,18 @@ def as_op(op):
             pass
     else:
         try:
-            return Op(op)
-        except (ValueError, TypeError):
+            return Op(as_c_int(op, what))
+        except ValueError:  # InvalidArgument too: one message for both
             pass
-    raise InvalidArgument("op %r is not a weft reduction: weft.SUM, "
+    raise InvalidArgument("%s %r is not a weft reduction: weft.SUM, "
                           "weft.PROD, weft.MIN, weft.MAX or their names" %
-                          (op,))
+                          (what, op))
 
 
-def as_dtype(dtype):
+def as_dtype(dtype, what="dtype"):
     """A DType from a DType, its int value, its name ("float32",
-    "bfloat16") or a numpy dtype or type."""
+    "bfloat16") or a numpy dtype or type; what names the argument in the
+    message ("send buf: dtype")."""
     if isinstance(dtype, DType):
         return dtype
     if isinstance(dtype, str):
@@ -94,10 +131,10 @@ def as_dtype(dtype):
             return DType[dtype.upper()]
         except KeyError:
             pass
-    elif isinstance(dtype, int):
+    elif hasattr(dtype, "__index__") and not isinstance(dtype, type):
         try:
-            return DType(dtype)
-        except ValueError:
+            return DType(as_c_int(dtype, what))
+        except ValueError:  # InvalidArgument too: one message for both
             pass
     else:
         name = getattr(dtype, "name", None)      # a numpy dtype
@@ -105,8 +142,8 @@ def as_dtype(dtype):
             name = getattr(dtype, "__name__", None)  # numpy.float32
         if isinstance(name, str) and name.upper() in DType.__members__:
             return DType[name.upper()]
-    raise InvalidArgument("dtype %r is not a weft dtype; weft takes %s" %
-                          (dtype, _SUPPORTED))
+    raise InvalidArgument("%s %r is not a weft dtype; weft takes %s" %
+                          (what, dtype, _SUPPORTED))
 
 
 def _from_format(fmt, itemsize):
@@ -187,7 +224,7 @@ class Buf:
         if dtype is None:
             dt = _infer(obj, mv, what)
         else:
-            dt = as_dtype(dtype)
+            dt = as_dtype(dtype, what + ": dtype")
             # Raw bytes may be read as any dtype; wider items must match,
             # since weft reinterprets and never converts (float32 data
             # passed as BFLOAT16 would be garbage, not rounded).

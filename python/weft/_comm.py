@@ -22,16 +22,23 @@ usually weft's progress thread, which ctypes gives the GIL for the
 callback. The function must be short and must not call weft (a blocking
 call there would stop the thread that completes requests); the methods of
 this module refuse to be called from it.
+
+Ctrl-C. SIGINT while the main thread is blocked in weft aborts the
+communicators of that call and raises KeyboardInterrupt at once, instead
+of at the call's deadline (see _Sigint).
 """
 import atexit
 import ctypes
 import itertools
 import logging
+import mmap
+import os
+import signal
 import threading
 import weakref
 
 from weft import _errors
-from weft._buffers import Buf, Op, as_op, same_dtype
+from weft._buffers import Buf, Op, as_c_int, as_op, same_dtype
 from weft._errors import InvalidArgument, from_code
 from weft._lib import CALLBACK, Config, lib, text
 
@@ -60,6 +67,256 @@ def _init_error(rc):
 def strerror(code):
     """weft_strerror: the static text of a code."""
     return text(lib.weft_strerror(code))
+
+
+# ---- Ctrl-C in a blocking call ----
+
+class _Sigint:
+    """What the SIGINT watcher and the blocking calls share.
+
+    Python runs signal handlers in the main thread between bytecodes, so
+    SIGINT during a call blocked in libweft (ctypes lets go of the GIL, but
+    the thread waits in C) was raised only when the call returned: at its
+    deadline. Python's C-level handler also writes the signal's number to
+    the wakeup fd (signal.set_wakeup_fd), and a daemon thread (the watcher)
+    wakes on that: if the main thread is in a blocking call, it aborts that
+    call's communicators (weft_abort works from any thread, and the call
+    returns at once). The call then finds the interrupt recorded (hit) and
+    runs the signal handlers itself, so that its caller gets
+    KeyboardInterrupt (or whatever the application's handler raises) and
+    not weft.AbortedError. Only a Python-level SIGINT handler counts: with
+    SIG_IGN (or SIG_DFL) Python writes nothing, and nothing is aborted.
+
+    A SIGINT that came before the call must abort nothing: Python has
+    handled it (KeyboardInterrupt, caught by the application, which then
+    called weft), or handles it before the call blocks. The watcher cannot
+    tell by itself: it may get the GIL only once the main thread, having
+    handled the signal, enters its next call. So the wakeup fd is a file in
+    memory (a memfd, mapped here as slots): Python's handler writes the
+    signal's number into the next slot before it returns, and a blocking
+    call, once registered (calls), claims the slots written since the last
+    claim (seen) without a system call. The watcher wakes through inotify
+    on that file, and aborts only for slots nobody claimed. Both claim
+    under the GIL, so each slot is claimed once. Where the system has no
+    memfd or inotify, nothing is watched (Ctrl-C waits for the deadline)."""
+
+    def __init__(self):
+        self.main = None      # the main thread's ident, once watching
+        self.calls = None     # the Comm (or tuple of them) of the main
+                              # thread's blocking call
+        self.hit = False      # a call of the main thread was aborted
+        self.slots = None     # the memfd, a byte per signal (memoryview)
+        self.seen = 0         # the first slot not claimed
+        self.fed = 0          # the first slot not passed on to chained
+        self.wfd = self.ifd = -1   # the wakeup fd; the inotify fd
+        self.thread = None
+        # The wakeup fd that was set before ours (asyncio's, say), and its
+        # (st_dev, st_ino) then: the signals are written there too, as long
+        # as that fd is still the same file.
+        self.chained = -1
+        self.chained_id = None
+
+
+# Slots for 1M signals: the memfd is sparse (a page of memory per 4096
+# signals). Past them, the watcher stops.
+_SLOTS = 1 << 20
+_IN_MODIFY = 0x2            # inotify(7)
+_sigint = _Sigint()
+_sigint_hooks = []           # called on SIGINT too (weft.torch's waits)
+_get_ident = threading.get_ident
+# A function object of our own (pythonapi's attributes are shared). ctypes
+# raises the exception that a handler run by it raised.
+try:
+    _check_signals = ctypes.pythonapi["PyErr_CheckSignals"]
+except (AttributeError, TypeError):   # not CPython
+    _check_signals = None
+
+
+def _fd_id(fd):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _sigint_slots(w):
+    """Makes w's memfd, its mapping, the wakeup fd onto it and the inotify
+    fd that watches it; False where the system lacks one of them."""
+    fds = []
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        mfd = os.memfd_create("weft-sigint", os.MFD_CLOEXEC)
+        fds.append(mfd)
+        os.ftruncate(mfd, _SLOTS)
+        path = "/proc/self/fd/%d" % mfd
+        # Its own file offset, which Python's handler advances a slot per
+        # signal.
+        wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fds.append(wfd)
+        ifd = libc.inotify_init1(os.O_CLOEXEC)
+        if ifd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        fds.append(ifd)
+        if libc.inotify_add_watch(ifd, path.encode(), _IN_MODIFY) < 0:
+            raise OSError(ctypes.get_errno(), "inotify_add_watch")
+        slots = memoryview(mmap.mmap(mfd, _SLOTS))
+    except (AttributeError, OSError, ValueError) as e:
+        _log.debug("weft: Ctrl-C will not interrupt calls: %s", e)
+        for fd in fds:
+            os.close(fd)
+        return False
+    os.close(mfd)       # the mapping and wfd keep the file
+    w.slots, w.wfd, w.ifd = slots, wfd, ifd
+    return True
+
+
+def watch_sigint():
+    """Makes SIGINT interrupt the main thread's blocking calls: called by
+    Comm() (weft.init, init_config) and weft.torch, in the main thread (in
+    any other, a no-op). Again later, it takes the wakeup fd back from
+    whatever replaced it, feeding that one too."""
+    w = _sigint
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if w.slots is None and not _sigint_slots(w):
+        return
+    try:
+        old = signal.set_wakeup_fd(w.wfd)
+    except (ValueError, OSError):     # not the main interpreter
+        return
+    if old != w.wfd:
+        w.chained, w.chained_id = old, _fd_id(old) if old >= 0 else None
+    if w.thread is None:
+        w.thread = threading.Thread(target=_sigint_watcher, args=(w,),
+                                    name="weft-sigint", daemon=True)
+        w.thread.start()
+        w.main = threading.get_ident()
+
+
+def _written(w, start):
+    """The end of the slots written from start on."""
+    end, slots = start, w.slots
+    while end < _SLOTS - 1 and slots[end]:    # the last one stays 0
+        end += 1
+    return end
+
+
+def _sigint_watcher(w):
+    while w.fed < _SLOTS - 4096:
+        try:
+            os.read(w.ifd, 4096)      # events: the slots were written
+        except OSError:
+            return
+        end = _written(w, w.fed)
+        _feed_chained(w, bytes(w.slots[w.fed:end]))
+        w.fed = end
+        if w.seen < end:
+            new = bytes(w.slots[w.seen:end])
+            w.seen = end
+            if signal.SIGINT in new:  # a byte per signal: its number
+                try:
+                    _on_sigint(w)
+                except Exception:
+                    _log.exception("weft: handling SIGINT failed")
+    w.main = None     # the slots are used up: calls register no more
+
+
+def _feed_chained(w, data):
+    fd = w.chained
+    if fd < 0 or not data:
+        return
+    if _fd_id(fd) != w.chained_id:    # closed, or its number reused
+        w.chained = -1
+        return
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass      # full or gone: dropped, as Python's own handler does
+
+
+def _on_sigint(w):
+    if not callable(signal.getsignal(signal.SIGINT)):
+        return                # SIG_IGN, SIG_DFL: nothing runs in Python
+    comms = w.calls
+    if comms is not None:
+        w.hit = True
+        for c in comms if type(comms) is tuple else (comms,):
+            c.abort()
+    for hook in list(_sigint_hooks):
+        hook()
+
+
+def _run_signal_handlers():
+    """Runs the handlers of the signals that came, now rather than at the
+    interpreter's next check: KeyboardInterrupt is raised here."""
+    if _check_signals is None:
+        raise KeyboardInterrupt
+    _check_signals()
+
+
+def _claim(w):
+    """Claims the signals that came before the blocking call being made
+    (they abort nothing) and runs their handlers if Python has not yet."""
+    w.seen = _written(w, w.seen)
+    _run_signal_handlers()
+
+
+def sigint_check():
+    """For a blocking call of the main thread that just registered (the
+    waits of weft.torch): claims the signals that came before it."""
+    w = _sigint
+    if w.slots is not None and w.slots[w.seen]:
+        _claim(w)
+
+
+def _blocking(comms, fn, first, args):
+    """fn(first, *args): a libweft call that may block on comms (a Comm, or
+    a tuple of them). From the main thread, SIGINT aborts them and the call
+    raises what the SIGINT handler raises (see _Sigint)."""
+    w = _sigint
+    if _get_ident() != w.main:
+        return fn(first, *args)
+    w.calls = comms
+    try:
+        if w.slots[w.seen]:
+            _claim(w)
+        rc = fn(first, *args)
+    finally:
+        w.calls = None
+    if w.hit:
+        # The handler may raise nothing (an application's that sets a
+        # flag): then the call fails as aborted, which it was.
+        w.hit = False
+        _run_signal_handlers()
+    return rc
+
+
+def _sigint_after_fork():
+    # The child of a fork has no watcher thread, and shares the slots'
+    # file offset with its parent: the wakeup fd goes back to what had it
+    # before, and the child's next communicator watches anew.
+    global _sigint
+    w = _sigint
+    if w.slots is None:
+        return
+    _sigint = _Sigint()
+    try:
+        fd = signal.set_wakeup_fd(-1)
+        if fd == w.wfd:
+            fd = w.chained if _fd_id(w.chained) == w.chained_id else -1
+        signal.set_wakeup_fd(fd)
+    except (ValueError, OSError):
+        pass
+    for fd in (w.wfd, w.ifd):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_sigint_after_fork)
 
 
 # ---- orphans: requests dropped while pending ----
@@ -238,7 +495,7 @@ class Request:
                 raise InvalidArgument("%r was freed before it completed" %
                                       self)
             try:
-                st.done(lib.weft_wait(h))
+                st.done(_blocking(st.comm, lib.weft_wait, h, ()))
             finally:
                 st.unuse()
         return self._outcome()
@@ -375,7 +632,8 @@ def wait_all(requests):
         if held:
             _refuse_in_callback("wait_all")
             arr = (ctypes.c_void_p * len(held))(*[h for _, h in held])
-            lib.weft_wait_all(arr, len(held))
+            comms = tuple({id(st.comm): st.comm for st, _ in held}.values())
+            _blocking(comms, lib.weft_wait_all, arr, (len(held),))
             for st, h in held:
                 st.done(_request_done(h)[1])
     finally:
@@ -414,6 +672,7 @@ class Comm:
         self._life_lock = threading.Lock()   # abort and messages vs close
         self._final_error = ""
         _live.add(self)
+        watch_sigint()
 
     # -- properties and life cycle --
 
@@ -453,7 +712,8 @@ class Comm:
 
     def set_timeout(self, timeout_ms):
         """Per-operation deadline of later calls, in milliseconds (> 0)."""
-        self._call(lib.weft_set_timeout, (int(timeout_ms),))
+        self._call(lib.weft_set_timeout,
+                   (as_c_int(timeout_ms, "set_timeout: timeout_ms"),))
 
     def abort(self):
         """Ends a call blocked on this communicator (in any thread) with
@@ -536,7 +796,23 @@ class Comm:
             h = self._h
             if h is None:
                 self._live_handle()  # raises
-            rc = fn(h, *args)
+            # _blocking(self, fn, h, args), written out: this is the path
+            # of every blocking operation, where calling it would add
+            # another 1% to a small all_reduce.
+            w = _sigint
+            if _get_ident() != w.main:
+                rc = fn(h, *args)
+            else:
+                w.calls = self
+                try:
+                    if w.slots[w.seen]:
+                        _claim(w)
+                    rc = fn(h, *args)
+                finally:
+                    w.calls = None
+                if w.hit:
+                    w.hit = False
+                    _run_signal_handlers()
             if rc != 0:
                 self._raise(rc)
 
@@ -556,8 +832,12 @@ class Comm:
 
     # -- argument sets, shared by the blocking and non-blocking forms --
 
+    # Every int is checked by as_c_int() (or as_op) before anything else,
+    # and before libweft is called: a ctypes argument would keep its low
+    # 32 bits.
+
     def _all_reduce_args(self, sendbuf, recvbuf, op, dtype):
-        op = as_op(op)
+        op = as_op(op, "all_reduce: op")
         if recvbuf is None:
             s = r = Buf(sendbuf, "all_reduce sendbuf (in place)", True, dtype)
         else:
@@ -596,7 +876,7 @@ class Comm:
         return (s.ptr, r.ptr, s.count, s.dtype), (s, r), recvbuf
 
     def _reduce_scatter_args(self, sendbuf, recvbuf, op, dtype):
-        op = as_op(op)
+        op = as_op(op, "reduce_scatter: op")
         if recvbuf is None:
             # In place: the result lands in sendbuf's first block.
             s = Buf(sendbuf, "reduce_scatter buffer (in place)", True, dtype)
@@ -613,20 +893,24 @@ class Comm:
         return (s.ptr, r.ptr, r.count, r.dtype, op), (s, r), recvbuf
 
     def _broadcast_args(self, buf, root, dtype):
-        root = int(root)
+        root = as_c_int(root, "broadcast: root")
         # The root only reads: a read-only buffer will do there.
         b = Buf(buf, "broadcast buf", root != self._rank, dtype)
         return (b.ptr, b.count, b.dtype, root), (b,), buf
 
     def _send_args(self, buf, peer, dtype):
+        peer = as_c_int(peer, "send: peer")
         b = Buf(buf, "send buf", False, dtype)
-        return (b.ptr, b.count, b.dtype, int(peer)), (b,), None
+        return (b.ptr, b.count, b.dtype, peer), (b,), None
 
     def _recv_args(self, buf, peer, dtype):
+        peer = as_c_int(peer, "recv: peer")
         b = Buf(buf, "recv buf", True, dtype)
-        return (b.ptr, b.count, b.dtype, int(peer)), (b,), buf
+        return (b.ptr, b.count, b.dtype, peer), (b,), buf
 
     def _sendrecv_args(self, sendbuf, dst, recvbuf, src, dtype):
+        dst = as_c_int(dst, "sendrecv: dst")
+        src = as_c_int(src, "sendrecv: src")
         s = Buf(sendbuf, "sendrecv sendbuf", False, dtype)
         r = Buf(recvbuf, "sendrecv recvbuf", True, dtype)
         same_dtype(s, r, "sendrecv")
@@ -634,7 +918,7 @@ class Comm:
             raise InvalidArgument(
                 "sendrecv: recvbuf holds %d elements, sendbuf %d; they "
                 "must match" % (r.count, s.count))
-        return ((s.ptr, int(dst), r.ptr, int(src), s.count, s.dtype),
+        return ((s.ptr, dst, r.ptr, src, s.count, s.dtype),
                 (s, r), recvbuf)
 
     # -- blocking operations --
@@ -824,10 +1108,13 @@ def init_config(rank, size, hostfile_text=None, addrs=None, listener=None,
     fn = lib.optional("weft_init_config")
     cfg = Config()
     try:
-        cfg.rank, cfg.size = int(rank), int(size)
-        cfg.timeout_ms = int(timeout_ms)
-        cfg.connect_timeout_ms = int(connect_timeout_ms)
-        cfg.wires = int(wires)
+        # weft_config's int fields: a Config field set to 2**32 + 1 would
+        # hold 1.
+        for field, value in (("rank", rank), ("size", size),
+                             ("timeout_ms", timeout_ms),
+                             ("connect_timeout_ms", connect_timeout_ms),
+                             ("wires", wires)):
+            setattr(cfg, field, as_c_int(value, "init_config: " + field))
         cfg.hostfile_text = _opt_str(hostfile_text, "hostfile_text")
         cfg.token = _opt_str(token, "token")
         cfg.transport = _opt_str(transport, "transport")

@@ -25,14 +25,22 @@ Failures raise RuntimeError subclasses carrying weft's message:
 ``PeerError``, ``MismatchError``, ``AbortedError``, ``InvalidArgument``, ...
 (each also a subclass of the matching ``weft`` exception where the weft
 package defines one).
+
+Ctrl-C during a wait of the main thread (``work.wait()``, and so a blocking
+``dist.recv``, ``dist.all_reduce``, ``dist.barrier``, ...) aborts the group
+and raises KeyboardInterrupt at once, as in the weft package (weft/_comm.py,
+_Sigint): its SIGINT watcher calls the extension's _interrupt_main_wait.
 """
 
 import atexit
 import os
+import threading
 
 import torch
 import torch.distributed as dist
 
+from . import _comm
+from ._buffers import as_c_int
 from ._lib import lib as _libweft
 
 __all__ = ["WeftError", "is_available"]
@@ -137,10 +145,16 @@ _C = _build()
 atexit.register(_C._finalize_all)
 _ERRORS = _make_errors()
 _C._set_error_classes(_ERRORS)
+_C._watch_main_thread(threading.main_thread().ident, _comm.sigint_check)
+_comm._sigint_hooks.append(_C._interrupt_main_wait)
 
 
 def _create(store, rank, size, timeout):
-    return _C.ProcessGroupWeft(store, rank, size, timeout)
+    # torch calls this from init_process_group or new_group: in the main
+    # thread, usually, which is where the SIGINT watcher can start.
+    _comm.watch_sigint()
+    return _C.ProcessGroupWeft(store, as_c_int(rank, "weft.torch: rank"),
+                               as_c_int(size, "weft.torch: size"), timeout)
 
 
 def is_available():

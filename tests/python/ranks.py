@@ -316,12 +316,36 @@ def case_errors(comm):
     refused(lambda: comm.ibroadcast(x, root=-1))
     refused(lambda: comm.sendrecv(x, r, np.zeros(4, np.float32), r))
     refused(lambda: comm.set_timeout(0), "timeout")
+    # Integers a C int cannot hold, and non-integers, are refused here,
+    # before anything is sent: ctypes kept the low 32 bits, so peer
+    # 2**32 + 1 was rank 1 and 1.7 was 1. The check at the end finds a
+    # message that went out anyway.
+    nxt = (r + 1) % n
+    for v in (2**32 + nxt, -2**32 + nxt, 2**64 + nxt, nxt + 0.7,
+              float(nxt), str(nxt)):
+        refused(lambda: comm.send(x, v), "send", "peer")
+        refused(lambda: comm.isend(x, v), "send", "peer")
+        refused(lambda: comm.sendrecv(x, v, np.zeros(4, np.float32), nxt),
+                "sendrecv", "dst")
+        refused(lambda: comm.isendrecv(x, nxt, np.zeros(4, np.float32), v),
+                "sendrecv", "src")
+        refused(lambda: comm.broadcast(x, root=v), "broadcast", "root")
+        refused(lambda: comm.ibroadcast(x, v), "broadcast", "root")
+        refused(lambda: comm.recv(np.zeros(4, np.float32), v), "recv",
+                "peer")
+    refused(lambda: comm.set_timeout(2**32 + 5), "timeout_ms")
     # Still usable.
     y = np.full(3, r + 1, np.int32)
     comm.all_reduce(y, op=weft.PROD)
     assert (y == np.prod(np.arange(1, n + 1))).all(), y
     comm.iall_reduce(y, op=weft.MIN).wait()
     assert (y == y[0]).all()
+    # The first message from the previous rank is this one: nothing else
+    # was sent. (A 5 ms deadline from set_timeout would fail this too.)
+    got = np.zeros(4, np.float32)
+    prv = (r - 1) % n
+    comm.sendrecv(np.full(4, 100 + r, np.float32), nxt, got, prv)
+    assert (got == 100 + prv).all(), got
 
 
 def ticker():
@@ -479,7 +503,14 @@ def case_callbacks(comm):
         except weft.InvalidArgument:
             pass
         assert req.wait() is buf
-        comm.barrier()      # after every receive above
+        comm.barrier()
+        # The dropped and the freed receive complete on their own: a
+        # collective does not wait for point-to-point requests posted
+        # before it.
+        end = time.monotonic() + 10
+        while not ((dropped == 6).all() and (freed == 7).all()) and \
+                time.monotonic() < end:
+            time.sleep(0.001)
         assert (buf == 5).all() and (dropped == 6).all() and \
             (freed == 7).all()
         q, tid, done, first = calls[0]
@@ -498,6 +529,152 @@ def case_callbacks(comm):
     comm.ibarrier().wait()
 
 
+def blocking_call(comm, kind, peer):
+    """A call of kind that blocks until peer does what it never does."""
+    buf = np.zeros(4, np.float32)
+    if kind == "recv":
+        return lambda: comm.recv(buf, peer)
+    if kind == "wait":
+        req = comm.irecv(buf, peer)
+        return req.wait
+    if kind == "all_reduce":          # the peer calls no collective
+        return lambda: comm.all_reduce(buf)
+    if kind == "wait_all":
+        reqs = [comm.irecv(buf, peer), comm.irecv(buf.copy(), peer)]
+        return lambda: weft.wait_all(reqs)
+    raise SystemExit("unknown kind " + kind)
+
+
+def case_sigint(comm, kind):
+    """Ctrl-C while blocked in weft: test_ranks.py sends SIGINT to rank 1
+    while it waits for rank 0, which sends nothing (the deadline is 20 s).
+    Rank 1 gets KeyboardInterrupt at once, and its communicator is
+    aborted; rank 0, blocked in a receive from rank 1, gets PeerError once
+    rank 1 has closed it."""
+    r = comm.rank
+    comm.barrier()
+    if r == 1:
+        call = blocking_call(comm, kind, 0)
+        print("blocking in %s, pid %d" % (kind, os.getpid()), flush=True)
+        t0 = time.monotonic()
+        try:
+            call()
+            raise AssertionError("%s returned" % kind)
+        except KeyboardInterrupt:
+            t1 = time.monotonic()
+        # test_ranks.py measures from when it sent the signal: the same
+        # clock (CLOCK_MONOTONIC is the system's).
+        print("KeyboardInterrupt at %.6f, %.3f s into %s" % (t1, t1 - t0,
+                                                            kind),
+              flush=True)
+        expect_aborted(comm)
+    else:
+        expect_peer_error(comm, 1)
+
+
+def expect_aborted(comm):
+    t0 = time.monotonic()
+    try:
+        comm.barrier()
+        raise AssertionError("an interrupted communicator worked")
+    except weft.AbortedError as e:
+        assert time.monotonic() - t0 < 0.5, time.monotonic() - t0
+        print("then: %s" % e, flush=True)
+
+
+def expect_peer_error(comm, peer):
+    """A receive from peer, which never sends, ends once peer closes."""
+    t0 = time.monotonic()
+    try:
+        comm.recv(np.zeros(4, np.float32), peer)
+        raise AssertionError("recv returned")
+    except weft.PeerError as e:
+        print("PeerError after %.2f s: %s" % (time.monotonic() - t0, e),
+              flush=True)
+
+
+def case_sigint_handler(comm):
+    """An application's SIGINT handler that raises nothing (it sets a
+    flag) still counts: the call is aborted, the handler runs once, and
+    the call raises weft.AbortedError, since it did not complete."""
+    import signal
+    seen = []
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    comm.barrier()
+    if comm.rank == 1:
+        print("blocking in recv, pid %d" % os.getpid(), flush=True)
+        t0 = time.monotonic()
+        try:
+            comm.recv(np.zeros(4, np.float32), 0)
+            raise AssertionError("recv returned")
+        except weft.AbortedError as e:
+            t1 = time.monotonic()
+            print("AbortedError at %.6f, %.3f s into recv: %s" %
+                  (t1, t1 - t0, e), flush=True)
+        assert seen == [signal.SIGINT], seen
+        expect_aborted(comm)
+    else:
+        expect_peer_error(comm, 1)
+
+
+def case_sigint_ignored(comm):
+    """SIGINT ignored (SIG_IGN): nothing happens to the call, which runs
+    to its deadline (1.5 s)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    comm.barrier()
+    if comm.rank == 1:
+        comm.set_timeout(1500)
+        print("blocking in recv, pid %d" % os.getpid(), flush=True)
+        t0 = time.monotonic()
+        try:
+            comm.recv(np.zeros(4, np.float32), 0)
+            raise AssertionError("recv returned")
+        except weft.TimeoutError as e:
+            elapsed = time.monotonic() - t0
+            print("TimeoutError after %.3f s: %s" % (elapsed, e), flush=True)
+            assert elapsed > 1.4, elapsed
+    else:
+        expect_peer_error(comm, 1)
+
+
+def case_sigint_outside(comm):
+    """Ctrl-C while no weft call runs: KeyboardInterrupt as always, and the
+    communicator is left alone, even by a call made at once (before weft's
+    SIGINT watcher has had the GIL, likely)."""
+    comm.barrier()
+    x = np.full(3, comm.rank + 1.0)
+    if comm.rank == 1:
+        print("sleeping, pid %d" % os.getpid(), flush=True)
+        try:
+            time.sleep(20)
+            raise AssertionError("no KeyboardInterrupt")
+        except KeyboardInterrupt:
+            comm.all_reduce(x)
+        print("KeyboardInterrupt in sleep", flush=True)
+    else:
+        comm.all_reduce(x)    # waits for rank 1
+    assert (x == 3).all(), x
+    comm.barrier()
+
+
+def case_sigint_job(comm):
+    """Every rank blocked in a receive nobody sends; weftrun gets SIGINT
+    (test_ranks.py sends it) and forwards it to every rank. The
+    KeyboardInterrupt is not caught: the rank ends as Python ends on one."""
+    r, n = comm.rank, comm.size
+    comm.barrier()
+    call = blocking_call(comm, "recv", (r + 1) % n)
+    print("blocking in recv, pid %d" % os.getpid(), flush=True)
+    t0 = time.monotonic()
+    try:
+        call()
+    finally:
+        t1 = time.monotonic()
+        print("left recv at %.6f, %.3f s into it" % (t1, t1 - t0),
+              flush=True)
+
+
 def main():
     case = sys.argv[1]
     comm = weft.init()
@@ -513,6 +690,16 @@ def main():
         case_dead(comm, False)
     elif case == "callbacks":
         case_callbacks(comm)
+    elif case == "sigint":
+        case_sigint(comm, sys.argv[2])
+    elif case == "sigint-job":
+        case_sigint_job(comm)
+    elif case == "sigint-handler":
+        case_sigint_handler(comm)
+    elif case == "sigint-ignored":
+        case_sigint_ignored(comm)
+    elif case == "sigint-outside":
+        case_sigint_outside(comm)
     else:
         raise SystemExit("unknown case " + case)
     comm.close()

@@ -3,6 +3,7 @@ one-rank communicator, and init_config (communicators without the
 environment)."""
 import array
 import builtins
+import operator
 import os
 import pickle
 import re
@@ -307,6 +308,158 @@ def test_threads_share_a_comm(solo):
     assert not errors
 
 
+# ---- integer arguments ----
+# Every integer the package hands to libweft is checked in one place: a
+# value that is not an integer, or that a C int cannot hold, is refused
+# with weft.InvalidArgument naming the argument, before libweft is called
+# (ctypes kept the low 32 bits: peer 2**32 + 1 was rank 1, a float was
+# truncated). libweft itself refuses ints out of their narrower meaning
+# (a peer that is no rank), so those messages are weft_last_error().
+
+class Index:
+    """Any object with __index__ is an integer (numpy's are)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+    def __repr__(self):
+        return "Index(%d)" % self.v
+
+
+NOT_INTEGERS = [1.7, 1.0, -0.0, "1", b"1", None, True, False, 1j,
+                [1]] + ([np.float64(1.0), np.bool_(True)] if np else [])
+# 2**32 + k, -2**32 + k and 2**64 + k were k after the cast.
+OUT_OF_RANGE = [2**31, 2**32, 2**32 + 1, 2**32 + 5000, 2**63, 2**64 + 1,
+                -2**31 - 1, -2**32 + 1, Index(2**32 + 1)]
+
+# (name of the call, argument, call(comm, value)): every int argument of
+# every method.
+INT_ARGS = [
+    ("set_timeout", "timeout_ms", lambda c, v: c.set_timeout(v)),
+    ("broadcast", "root", lambda c, v: c.broadcast(bytearray(4), v)),
+    ("broadcast", "root", lambda c, v: c.broadcast(bytearray(4), root=v)),
+    ("ibroadcast", "root", lambda c, v: c.ibroadcast(bytearray(4), v)),
+    ("send", "peer", lambda c, v: c.send(bytearray(4), v)),
+    ("isend", "peer", lambda c, v: c.isend(bytearray(4), v)),
+    ("recv", "peer", lambda c, v: c.recv(bytearray(4), v)),
+    ("irecv", "peer", lambda c, v: c.irecv(bytearray(4), v)),
+    ("sendrecv", "dst",
+     lambda c, v: c.sendrecv(bytearray(4), v, bytearray(4), 0)),
+    ("sendrecv", "src",
+     lambda c, v: c.sendrecv(bytearray(4), 0, bytearray(4), v)),
+    ("isendrecv", "dst",
+     lambda c, v: c.isendrecv(bytearray(4), v, bytearray(4), 0)),
+    ("isendrecv", "src",
+     lambda c, v: c.isendrecv(bytearray(4), 0, bytearray(4), v)),
+]
+# op= and dtype= take enum members, names, or the C enum's int values.
+for _name in ("all_reduce", "iall_reduce", "reduce_scatter",
+              "ireduce_scatter"):
+    INT_ARGS.append((_name, "op", lambda c, v, _n=_name:
+                     getattr(c, _n)(bytearray(4), bytearray(4), op=v)))
+for _name, _call in [
+        ("all_reduce", lambda c, v: c.all_reduce(bytearray(4), dtype=v)),
+        ("iall_reduce", lambda c, v: c.iall_reduce(bytearray(4), dtype=v)),
+        ("all_gather", lambda c, v: c.all_gather(bytearray(4), dtype=v)),
+        ("iall_gather", lambda c, v: c.iall_gather(bytearray(4), dtype=v)),
+        ("reduce_scatter",
+         lambda c, v: c.reduce_scatter(bytearray(4), dtype=v)),
+        ("ireduce_scatter",
+         lambda c, v: c.ireduce_scatter(bytearray(4), dtype=v)),
+        ("broadcast", lambda c, v: c.broadcast(bytearray(4), dtype=v)),
+        ("ibroadcast", lambda c, v: c.ibroadcast(bytearray(4), dtype=v)),
+        ("send", lambda c, v: c.send(bytearray(4), 1, dtype=v)),
+        ("isend", lambda c, v: c.isend(bytearray(4), 1, dtype=v)),
+        ("recv", lambda c, v: c.recv(bytearray(4), 1, dtype=v)),
+        ("irecv", lambda c, v: c.irecv(bytearray(4), 1, dtype=v)),
+        ("sendrecv", lambda c, v: c.sendrecv(bytearray(4), 1, bytearray(4),
+                                             1, dtype=v)),
+        ("isendrecv", lambda c, v: c.isendrecv(bytearray(4), 1,
+                                               bytearray(4), 1, dtype=v))]:
+    INT_ARGS.append((_name, "dtype", _call))
+INT_IDS = ["%s-%s-%d" % (n, a, i) for i, (n, a, _) in enumerate(INT_ARGS)]
+
+
+def refused_before_weft(comm, call, value, *words):
+    """call(comm, value) raises InvalidArgument naming words, and libweft
+    was never called: its last error and the dropped requests are as they
+    were, and the communicator still works."""
+    with pytest.raises(weft.InvalidArgument):
+        comm.set_timeout(-7)     # a last error of libweft's to compare
+    before, orphans = comm.last_error, _comm.pending_orphans()
+    with pytest.raises(weft.InvalidArgument) as info:
+        call(comm, value)
+    e = info.value
+    assert isinstance(e, ValueError) and e.code == -1, repr(e)
+    for w in words:
+        assert w in e.message, (w, e.message)
+    assert comm.last_error == before, (
+        "libweft was called with %r: %s" % (value, comm.last_error))
+    assert _comm.pending_orphans() == orphans
+    b = bytearray(b"\x03")
+    comm.all_reduce(b)
+    assert b == bytearray(b"\x03")
+    return e
+
+
+@pytest.mark.parametrize("value", NOT_INTEGERS, ids=repr)
+@pytest.mark.parametrize("name,arg,call", INT_ARGS, ids=INT_IDS)
+def test_an_int_argument_that_is_no_integer(solo, name, arg, call, value):
+    if arg == "dtype" and value is None:
+        pytest.skip("dtype=None is the default: the buffer's dtype")
+    # The messages name the operation without its i, as those of buffers.
+    refused_before_weft(solo, call, value, name.lstrip("i"), arg)
+
+
+@pytest.mark.parametrize("value", OUT_OF_RANGE, ids=repr)
+@pytest.mark.parametrize("name,arg,call", INT_ARGS, ids=INT_IDS)
+def test_an_int_argument_out_of_range(solo, name, arg, call, value):
+    e = refused_before_weft(solo, call, value, name.lstrip("i"), arg)
+    if arg not in ("op", "dtype"):
+        assert str(operator.index(value)) in e.message, e.message
+
+
+def accepted_by_python(comm, call, value):
+    """call(comm, value) gets to libweft: it works, or libweft refuses it
+    (a message of its own, such as "peer 0 is this rank")."""
+    try:
+        req = call(comm, value)
+    except weft.InvalidArgument as e:
+        assert e.message == comm.last_error, (
+            "refused by the package: %s" % e.message)
+    else:
+        if isinstance(req, weft.Request):
+            req.wait()
+
+
+@pytest.mark.parametrize("name,arg,call", INT_ARGS, ids=INT_IDS)
+def test_an_int_argument_takes_any_integer_type(solo, name, arg, call):
+    good = {"timeout_ms": 5000, "op": int(weft.MAX),
+            "dtype": int(weft.UINT8)}.get(arg, 0)
+    values = [good, Index(good)]
+    if np is not None:
+        values += [np.int64(good), np.int32(good), np.uint16(good),
+                   np.array(good)]          # 0-d
+    for v in values:
+        accepted_by_python(solo, call, v)
+
+
+def test_the_cases_of_issue_30(solo):
+    x = bytearray(8)
+    # Once rank 1 (2**32 + 1), rank 1 (1.7), root 0, a 5 ms deadline.
+    refused_before_weft(solo, lambda c, v: c.send(x, v), 2**32 + 1, "peer",
+                        "4294967297")
+    refused_before_weft(solo, lambda c, v: c.send(x, v), 1.7, "peer",
+                        "float")
+    refused_before_weft(solo, lambda c, v: c.broadcast(x, root=v), 2**32,
+                        "root", "4294967296")
+    refused_before_weft(solo, lambda c, v: c.set_timeout(v), 2**32 + 5,
+                        "timeout_ms", "4294967301")
+
+
 # ---- communicators without the environment ----
 
 @pytest.mark.skipif(weft.has_function("weft_init_config"),
@@ -388,3 +541,130 @@ def test_two_communicators_in_one_process(clean_env):
         assert (x == 3).all()
         assert list(g) == [0, 0, 1, 1]
     assert all(lst.closed for lst in listeners)
+
+
+INIT_CONFIG_INTS = ["rank", "size", "timeout_ms", "connect_timeout_ms",
+                    "wires"]
+
+
+def init_config_refused(**kw):
+    args = dict(rank=0, size=1)
+    args.update(kw)
+    try:
+        comm = weft.init_config(**args)
+    except weft.InvalidArgument as e:
+        return e
+    comm.close()
+    raise AssertionError("init_config(%s) made %r" % (kw, comm))
+
+
+@needs_init_config
+@pytest.mark.parametrize("value", NOT_INTEGERS + OUT_OF_RANGE, ids=repr)
+@pytest.mark.parametrize("field", INIT_CONFIG_INTS)
+def test_init_config_int_fields(clean_env, field, value):
+    e = init_config_refused(**{field: value})
+    assert "init_config" in e.message and field in e.message, e.message
+
+
+@needs_init_config
+def test_init_config_the_case_of_issue_30(clean_env):
+    # Was rank 0 of 1 with a 7 ms deadline.
+    e = init_config_refused(rank=2**32, size=2**32 + 1, timeout_ms=2**32 + 7)
+    assert "4294967296" in e.message, e.message
+
+
+@needs_init_config
+def test_init_config_takes_any_integer_type(clean_env):
+    one = np.int64(1) if np is not None else Index(1)
+    with weft.init_config(rank=Index(0), size=one, timeout_ms=Index(5000),
+                          connect_timeout_ms=Index(5000),
+                          wires=Index(1)) as comm:
+        assert comm.rank == 0 and comm.size == 1
+
+
+# ---- Ctrl-C and the signal wakeup fd ----
+# (Ctrl-C in blocking calls is tested across ranks, in test_ranks.py.)
+
+def run_python(code, timeout=30):
+    """code in a fresh interpreter with this package, as a rank of one."""
+    import subprocess
+    import sys
+    env = dict(os.environ, WEFT_RANK="0", WEFT_SIZE="1")
+    for var in ("WEFT_HOSTFILE", "WEFT_HOSTFILE_TEXT"):
+        env.pop(var, None)
+    p = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), (
+        "exit %d:\n%s%s" % (p.returncode, p.stdout, p.stderr))
+    return p.stdout
+
+
+def test_asyncio_signal_handlers_still_run():
+    # asyncio's add_signal_handler works through the wakeup fd; weft takes
+    # it over and feeds asyncio's too.
+    run_python('''if True:
+        import asyncio, os, signal, weft
+        async def main():
+            loop = asyncio.get_running_loop()
+            got = asyncio.Event()
+            loop.add_signal_handler(signal.SIGINT, got.set)
+            with weft.init() as comm:
+                os.kill(os.getpid(), signal.SIGINT)
+                await asyncio.wait_for(got.wait(), 10)
+                comm.barrier()       # not aborted: no weft call ran
+        asyncio.run(main())
+        print("ok")
+    ''')
+
+
+def test_a_wakeup_fd_set_before_is_fed():
+    run_python('''if True:
+        import os, signal, socket, weft
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        signal.set_wakeup_fd(a.fileno())
+        signal.signal(signal.SIGINT, lambda *args: None)
+        comm = weft.init()
+        assert signal.set_wakeup_fd(-1) != a.fileno()   # weft's now
+        signal.set_wakeup_fd(a.fileno())
+        comm2 = weft.init()          # takes it back, and feeds a
+        os.kill(os.getpid(), signal.SIGINT)
+        b.settimeout(10)
+        assert b.recv(16) == bytes([signal.SIGINT])
+        comm.barrier()
+        comm2.barrier()
+        # Closed, its number reused: weft stops feeding it.
+        fd = a.fileno()
+        a.close()
+        c, d = socket.socketpair()
+        os.kill(os.getpid(), signal.SIGINT)
+        if fd in (c.fileno(), d.fileno()):
+            (c if d.fileno() == fd else d).settimeout(1)
+            try:
+                (c if d.fileno() == fd else d).recv(16)
+                raise AssertionError("a reused fd was fed")
+            except socket.timeout:
+                pass
+        comm.barrier()
+        print("ok")
+    ''')
+
+
+def test_a_forked_child_gets_the_wakeup_fd_back():
+    # The child has no watcher thread: the wakeup fd is what it was before
+    # weft's, and a communicator made there watches again.
+    run_python('''if True:
+        import os, signal, weft
+        with weft.init():
+            pass
+        pid = os.fork()
+        if pid == 0:
+            code = 0 if signal.set_wakeup_fd(-1) == -1 else 1
+            signal.set_wakeup_fd(-1)
+            with weft.init() as comm:
+                code |= 0 if signal.set_wakeup_fd(-1) != -1 else 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+    ''')

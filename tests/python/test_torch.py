@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from conftest import Job
+
 torch = pytest.importorskip("torch", reason="torch is not installed")
 if not torch.distributed.is_available():
     pytest.skip("this torch has no torch.distributed", allow_module_level=True)
@@ -134,6 +136,53 @@ def test_under_weftrun():
     assert out.count("bootstrap default=hostfile") == 3, out[-3000:]
     assert out.count("shm segments=2") == 3, out[-3000:]
     assert "every=store" in out
+
+
+def test_a_rank_or_size_a_c_int_cannot_hold():
+    import datetime
+    import weft
+    import weft.torch
+    for rank, size in ((2**32, 2), (0, 2**32 + 1), (0.0, 1), (0, True)):
+        with pytest.raises(weft.InvalidArgument) as info:
+            weft.torch._create(None, rank, size, datetime.timedelta(seconds=5))
+        assert "rank" in str(info.value) or "size" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["recv", "wait", "all_reduce", "outside"])
+def test_ctrl_c_in_a_wait(kind):
+    """SIGINT to a rank blocked in torch's wait on weft: KeyboardInterrupt
+    within 2 s (it comes in milliseconds; a 2-core machine may be slow to
+    schedule), not at the 20 s deadline. "outside": SIGINT while the rank
+    sleeps, and a collective right after aborts nothing."""
+    port = free_port()
+    jobs = []
+    try:
+        for r in range(2):
+            e = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                     LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            for k in ("WEFT_HOSTFILE", "WEFT_HOSTFILE_TEXT", "WEFT_RANK", "WEFT_SIZE"):
+                e.pop(k, None)
+            jobs.append(Job([sys.executable, RANK_PY, "sigint", kind], e))
+        jobs[1].expect(r"^blocking in", 120)
+        time.sleep(0.3)
+        sent = time.monotonic()
+        jobs[1].p.send_signal(signal.SIGINT)
+        m = jobs[1].expect(r"^KeyboardInterrupt at ([\d.]+)", 60)
+        took = float(m.group(1)) - sent
+        rcs = [j.wait(60) for j in jobs]
+        outs = [j.output for j in jobs]
+    finally:
+        for j in jobs:
+            if j.p.poll() is None:
+                j.kill()
+    assert took < 2.0, "KeyboardInterrupt %.3f s after SIGINT in %s:\n%s" % (took, kind, outs[1])
+    for r in (0, 1):
+        assert rcs[r] == 0 and outs[r].rstrip().endswith("PASS"), (
+            "rank %d (exit %d):\n%s" % (r, rcs[r], outs[r][-3000:]))
+    if kind != "outside":
+        assert "then: weft: " in outs[1] and "WEFT_EABORTED" in outs[1], outs[1]
+        assert "raised PeerError" in outs[0], outs[0]
+    print("%s: KeyboardInterrupt %.1f ms after SIGINT" % (kind, took * 1e3))
 
 
 def test_under_torchrun():

@@ -147,6 +147,15 @@ def ops(rank, size):
             raise
     else:
         raise AssertionError("no error for BAND")
+    # A root a C int cannot hold is refused (a cast made 2**32 root 0).
+    for src in (2**32, 2**32 + size - 1, -2**32):
+        try:
+            dist.broadcast(torch.ones(3), src=src)
+        except weft.torch.InvalidArgument as e:
+            if "root" not in str(e) or str(src) not in str(e):
+                raise AssertionError("error for src=%d: %r" % (src, e))
+        else:
+            raise AssertionError("no error for broadcast src=%d" % src)
     t = torch.ones(5)
     dist.all_reduce(t)
     expect_equal(t, torch.full((5,), float(size)), "all_reduce after errors")
@@ -248,6 +257,60 @@ def shm_segments():
         return sum("memfd:weft-shm" in line for line in f)
 
 
+def sigint(rank, kind):
+    """Ctrl-C in a wait: test_torch.py sends SIGINT to rank 1, blocked in a
+    receive from rank 0 (which never sends) or in a collective rank 0 never
+    calls, with a 20 s deadline. Rank 1 gets KeyboardInterrupt at once and
+    its group is aborted; rank 0, in a receive from rank 1, gets an error
+    once rank 1 has gone."""
+    t = torch.zeros(4)
+    if kind == "outside":
+        # Ctrl-C while no weft call runs: KeyboardInterrupt, and the group
+        # is left alone, even by a collective at once.
+        if rank == 1:
+            print("blocking in sleep", flush=True)
+            try:
+                time.sleep(20)
+                raise AssertionError("no KeyboardInterrupt")
+            except KeyboardInterrupt:
+                dist.all_reduce(t + 1)
+            print("KeyboardInterrupt at %.6f, in sleep" % time.monotonic(), flush=True)
+        else:
+            dist.all_reduce(t + 1)       # waits for rank 1
+        dist.barrier()
+        return
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.recv(t, 1)
+        except RuntimeError as e:
+            print("raised %s after %.2f s: %s" % (type(e).__name__, time.monotonic() - t0,
+                                                  str(e)[:200]), flush=True)
+            if not isinstance(e, weft.torch.PeerError):
+                raise
+            return
+        raise AssertionError("recv returned")
+    calls = {"recv": lambda: dist.recv(t, 0),
+             "wait": lambda: dist.irecv(t, 0).wait(),
+             "all_reduce": lambda: dist.all_reduce(t)}
+    print("blocking in %s" % kind, flush=True)
+    t0 = time.monotonic()
+    try:
+        calls[kind]()
+        raise AssertionError("%s returned" % kind)
+    except KeyboardInterrupt:
+        t1 = time.monotonic()
+    # test_torch.py measures from when it sent the signal (CLOCK_MONOTONIC
+    # is the system's).
+    print("KeyboardInterrupt at %.6f, %.3f s into %s" % (t1, t1 - t0, kind), flush=True)
+    try:
+        dist.all_reduce(t)
+    except weft.torch.AbortedError as e:
+        print("then: %s" % str(e)[:200], flush=True)
+    else:
+        raise AssertionError("an interrupted group worked")
+
+
 def main():
     mode = sys.argv[1]
     if mode == "ops":
@@ -292,6 +355,10 @@ def main():
                     raise AssertionError("raised after %.2f s" % dt)
             else:
                 raise AssertionError("no error")
+    elif mode == "sigint":
+        rank, size = init(timeout_s=20)
+        sigint(rank, sys.argv[2])
+        dist.destroy_process_group()
     else:
         raise SystemExit("unknown mode " + mode)
     print("PASS", flush=True)

@@ -10,6 +10,16 @@
 // the posting thread) finishes the Work and completes its future, which is
 // what DDP waits on. Errors keep weft's code and message: the Python side
 // maps each code to a RuntimeError subclass (weft/torch.py).
+//
+// Ctrl-C: torch's Work.wait lets go of the GIL and blocks in WorkWeft::wait,
+// where Python cannot raise KeyboardInterrupt until it returns (at weft's
+// deadline). The main thread's wait is registered here, as weft's Python
+// package registers its blocking calls (weft/_comm.py, _Sigint): its SIGINT
+// watcher calls interrupt_main_wait(), which aborts that wait's group, and
+// the wait runs Python's signal handlers before it returns, so that the
+// caller gets KeyboardInterrupt. Both register and decide with the GIL held,
+// so that a SIGINT that came before the wait (and that Python has handled)
+// aborts nothing.
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -28,6 +38,7 @@ using WeftBase = c10d::ProcessGroup;
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -119,6 +130,17 @@ const at::Tensor &only(const std::vector<at::Tensor> &v, const char *what)
     return v[0];
 }
 
+// An int64 option (BroadcastOptions::rootRank) as the C int weft takes: one
+// out of its range is refused, where a cast would keep its low 32 bits
+// (root 2**32 was root 0).
+int to_c_int(int64_t v, const char *what)
+{
+    if (v < INT_MIN || v > INT_MAX)
+        unsupported(std::string(what) + " " + std::to_string(v) +
+                    " is out of the range of a C int");
+    return (int)v;
+}
+
 // weft matches the messages between two ranks in post order, with no tags.
 void check_tag(int tag, const char *what)
 {
@@ -202,6 +224,44 @@ std::string local_addr()
 std::atomic<int> hostfile_taken{0};
 
 class WorkWeft;
+class ProcessGroupWeft;
+
+// The main thread's wait, for Ctrl-C (see the top). Its fields are guarded by
+// mu, which is never held while waiting for anything else; never freed, since
+// the watcher thread may call in until exit.
+struct MainWait {
+    std::mutex mu;
+    pthread_t main_thread{}; // Python's main thread
+    bool main_known = false;
+    c10::intrusive_ptr<ProcessGroupWeft> pg; // the group of the main
+                                             // thread's wait
+    bool hit = false; // that wait was aborted by SIGINT
+    // weft._comm.sigint_check: claims the signals that came before a wait.
+    py::object *check = nullptr;
+};
+
+MainWait &main_wait()
+{
+    static auto *mw = new MainWait;
+    return *mw;
+}
+
+bool on_main_thread()
+{
+    MainWait &mw = main_wait();
+    std::lock_guard<std::mutex> lock(mw.mu);
+    return mw.main_known && pthread_equal(mw.main_thread, pthread_self());
+}
+
+// Runs Python's signal handlers now, in the main thread, and throws what
+// they raised (KeyboardInterrupt) as that Python exception. A handler may
+// raise nothing; then this returns.
+void run_signal_handlers()
+{
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0)
+        throw py::error_already_set();
+}
 
 class ProcessGroupWeft : public WeftBase {
   public:
@@ -289,6 +349,35 @@ class ProcessGroupWeft : public WeftBase {
         if (comm_ != nullptr)
             weft_abort(comm_);
     }
+
+    // Called, with the GIL, by weft's SIGINT watcher thread for a SIGINT
+    // that came after the main thread's wait registered: aborts its group.
+    static void interrupt_main_wait()
+    {
+        c10::intrusive_ptr<ProcessGroupWeft> pg;
+        {
+            MainWait &mw = main_wait();
+            std::lock_guard<std::mutex> lock(mw.mu);
+            if (!mw.pg)
+                return;
+            mw.hit = true;
+            pg = mw.pg;
+        }
+        // A thread that holds the group's post lock may want the GIL (a
+        // completion callback that frees a tensor).
+        py::gil_scoped_release nogil;
+        pg->abort();
+    }
+    static void watch_main_thread(unsigned long ident, py::object check)
+    {
+        // Python's thread ident is the thread's pthread_t.
+        MainWait &mw = main_wait();
+        std::lock_guard<std::mutex> lock(mw.mu);
+        mw.main_thread = (pthread_t)ident;
+        mw.main_known = true;
+        if (mw.check == nullptr)
+            mw.check = new py::object(check);
+    }
     // How this group found its peers: "hostfile" or "store".
     std::string bootstrap() const
     {
@@ -362,9 +451,23 @@ class WorkWeft : public c10d::Work {
     bool wait(std::chrono::milliseconds timeout =
                   std::chrono::milliseconds(0)) override
     {
-        if (timeout.count() == 0 && req_ != nullptr)
-            weft_wait(req_);
-        return c10d::Work::wait(timeout);
+        auto pg = pg_.lock();
+        if (!pg || !on_main_thread())
+            return wait_here(timeout);
+        enter_main_wait(std::move(pg));
+        bool done;
+        try {
+            done = wait_here(timeout);
+        } catch (...) {
+            // Aborted by SIGINT: KeyboardInterrupt rather than weft's
+            // AbortedError, unless the handler raises nothing.
+            if (leave_main_wait())
+                run_signal_handlers();
+            throw;
+        }
+        if (leave_main_wait())
+            run_signal_handlers();
+        return done;
     }
     std::vector<at::Tensor> result() override
     {
@@ -383,6 +486,44 @@ class WorkWeft : public c10d::Work {
 
   private:
     friend class ProcessGroupWeft;
+    bool wait_here(std::chrono::milliseconds timeout)
+    {
+        if (timeout.count() == 0 && req_ != nullptr)
+            weft_wait(req_);
+        return c10d::Work::wait(timeout);
+    }
+    // Registers the main thread's wait on pg, then claims the signals that
+    // came before it (KeyboardInterrupt here, before anything blocks, if
+    // Python has not handled them yet).
+    static void enter_main_wait(c10::intrusive_ptr<ProcessGroupWeft> pg)
+    {
+        MainWait &mw = main_wait();
+        py::gil_scoped_acquire gil;
+        {
+            std::lock_guard<std::mutex> lock(mw.mu);
+            mw.pg = std::move(pg);
+            mw.hit = false;
+        }
+        try {
+            if (mw.check != nullptr)
+                (*mw.check)();
+        } catch (...) {
+            leave_main_wait();
+            throw;
+        }
+    }
+    // Whether SIGINT aborted the wait.
+    static bool leave_main_wait()
+    {
+        MainWait &mw = main_wait();
+        c10::intrusive_ptr<ProcessGroupWeft> pg; // dropped after the lock
+        std::lock_guard<std::mutex> lock(mw.mu);
+        bool hit = mw.hit;
+        pg = std::move(mw.pg);
+        mw.hit = false;
+        return hit;
+    }
+
     static void on_complete(weft_request *, int result, void *arg)
     {
         // The reference the request held; this may be the last one.
@@ -413,7 +554,9 @@ class WorkWeft : public c10d::Work {
             future_->markCompleted(c10::IValue(outputs_));
     }
 
-    weft_comm *comm_ = nullptr; // set by post(), for the error message
+    weft_comm *comm_ = nullptr;      // set by post(), for the error message
+    c10::weak_intrusive_ptr<ProcessGroupWeft> pg_{
+        c10::intrusive_ptr<ProcessGroupWeft>()}; // set by post(), for Ctrl-C
     weft_request *req_ = nullptr;
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -510,6 +653,8 @@ ProcessGroupWeft::post(c10::intrusive_ptr<WorkWeft> w, const char *what,
                              std::string("weft: ") + what +
                                  ": the process group was shut down");
     w->comm_ = comm_;
+    w->pg_ = c10::intrusive_ptr<ProcessGroupWeft>::
+        unsafe_reclaim_from_nonowning(this);
     int rc = start(&w->req_);
     if (rc != WEFT_OK)
         std::rethrow_exception(weft_error(rc, std::string("weft: ") + what,
@@ -529,7 +674,7 @@ ProcessGroupWeft::broadcast(std::vector<at::Tensor> &tensors,
         unsupported("broadcast: rootTensor must be 0");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::BROADCAST,
                                            tensors);
-    int root = (int)opts.rootRank;
+    int root = to_c_int(opts.rootRank, "broadcast: root (src)");
     return post(w, "broadcast", [&](weft_request **r) {
         return weft_ibroadcast(comm_, t.data_ptr(), (size_t)t.numel(),
                                to_weft(t), root, r);
@@ -723,4 +868,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         .def("_finalize", &ProcessGroupWeft::finalize)
         .def_property_readonly("_bootstrap", &ProcessGroupWeft::bootstrap);
     m.def("_finalize_all", &ProcessGroupWeft::finalize_all);
+    m.def("_interrupt_main_wait", &ProcessGroupWeft::interrupt_main_wait);
+    m.def("_watch_main_thread", &ProcessGroupWeft::watch_main_thread);
 }
