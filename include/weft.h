@@ -166,6 +166,14 @@ WEFT_EXPORT int weft_rank(const weft_comm *c);
 /* The number of ranks in c (>= 1), or WEFT_EINVAL when c is NULL. */
 WEFT_EXPORT int weft_size(const weft_comm *c);
 
+/* The settings c runs with and its tuning table, as text: a line of
+ * "name=value" settings, then "algo=" and the table in WEFT_ALGO's form
+ * (one ';'-separated entry per collective: its size ranges, in bytes of
+ * each rank's buffer or block, and the algorithm of each, tried in order,
+ * the last being the topology's own). Valid until weft_finalize(c); NULL
+ * when c is NULL. */
+WEFT_EXPORT const char *weft_info(const weft_comm *c);
+
 /* Sets the deadline of each later call on c, in milliseconds (> 0; else
  * WEFT_EINVAL and the deadline is unchanged). A call's deadline starts when
  * it is called and covers all of it: every exchange, relay and retry it

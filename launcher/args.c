@@ -37,6 +37,7 @@ enum opt_id {
     OPT_X,
     OPT_LAUNCH_CMD,
     OPT_CHECK,
+    OPT_PRINT_CONFIG,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -62,6 +63,7 @@ static const struct {
     {"-x", OPT_X, ARG_REQUIRED},
     {"--launch-cmd", OPT_LAUNCH_CMD, ARG_REQUIRED},
     {"--check", OPT_CHECK, ARG_OPTIONAL},
+    {"--print-config", OPT_PRINT_CONFIG, ARG_NONE},
     {"-h", OPT_HELP, ARG_NONE},
     {"--help", OPT_HELP, ARG_NONE},
     {"--version", OPT_VERSION, ARG_NONE},
@@ -90,6 +92,8 @@ static void args_usage(FILE *f)
         "                     ring or mesh it would form, start nothing; an\n"
         "                     argument after --check that starts with '-'\n"
         "                     is the next option, not FILE\n"
+        "  --print-config     rank 0 prints, from weft_init, the settings and\n"
+        "                     the tuning table in effect (weft_info)\n"
         "  --wires W          connections per peer on each link "
         "(WEFT_WIRES)\n"
         "  --transport T      tcp | ibverbs (WEFT_TRANSPORT)\n"
@@ -335,6 +339,9 @@ static int args_apply(struct opts *o, enum opt_id id, const char *val)
         o->check = 1;
         if (val != NULL)
             o->check_file = val;
+        break;
+    case OPT_PRINT_CONFIG:
+        o->print_config = 1;
         break;
     case OPT_HELP:
         args_usage(stdout);

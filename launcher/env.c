@@ -56,7 +56,7 @@ static const char *const env_master_vars[] = {"MASTER_ADDR", "MASTER_PORT"};
 #define ENV_NMASTER (sizeof(env_master_vars) / sizeof(env_master_vars[0]))
 /* The most names weftrun sets: the fixed ones, torchrun's, one per option
  * and the MASTER_ ones. */
-#define ENV_NSET (ENV_NFIXED + ENV_NTORCH + 4 + ENV_NMASTER)
+#define ENV_NSET (ENV_NFIXED + ENV_NTORCH + 5 + ENV_NMASTER)
 /* The longest address MASTER_ADDR is rewritten to: a link end's. */
 #define ENV_MASTER_ADDR_MAX (sizeof(((weft__link_end *)0)->addr) - 1)
 
@@ -187,6 +187,8 @@ static int env_push_weft(struct rank_env *e, const struct opts *o,
         return -1;
     if (o->topology != NULL &&
         env_pushf(e, "WEFT_TOPOLOGY=%s", o->topology) != 0)
+        return -1;
+    if (o->print_config && env_pushf(e, "WEFT_PRINT_CONFIG=1") != 0)
         return -1;
     return 0;
 }

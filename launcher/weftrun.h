@@ -64,6 +64,7 @@ struct opts {
     const char *launch_cmd; /* NULL: ssh, or directly for this host */
     int check;              /* --check: describe the hostfile, run nothing */
     const char *check_file; /* --check FILE: FILE, else NULL */
+    int print_config;       /* --print-config: rank 0 prints weft_info */
     const char **xvars;     /* the -x arguments, in order (owned array) */
     int nxvars;
     char **prog_argv; /* PROGRAM ARGS..., NULL-terminated, points into argv */

@@ -710,6 +710,15 @@ class Comm:
     def _message(self, rc):
         return self.last_error or strerror(rc)
 
+    def info(self):
+        """weft_info(): the settings this communicator runs with, then
+        its tuning table in WEFT_ALGO's form (after "algo=")."""
+        fn = lib.optional("weft_info")
+        with self._life_lock:
+            if self._h is None:
+                raise InvalidArgument("%r is closed" % self)
+            return text(fn(self._h))
+
     def set_timeout(self, timeout_ms):
         """Per-operation deadline of later calls, in milliseconds (> 0)."""
         self._call(lib.weft_set_timeout,

@@ -94,6 +94,7 @@ _OPTIONAL = {
                                     _c_size]),
     "weft_listener_close": (_c_int, [_vp]),
     "weft_init_config": (_c_int, [_vpp, ctypes.POINTER(Config)]),
+    "weft_info": (ctypes.c_char_p, [_vp]),
 }
 
 

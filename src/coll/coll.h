@@ -1,6 +1,6 @@
 /*
  * What the ring and the mesh algorithms share: the one signature of every
- * algorithm (the selection table, core/select.c, picks among them), and
+ * algorithm (the tuning table, core/tune.c, picks among them), and
  * the algorithms built on either family's all-gather: the small all_reduce
  * (gather every input, reduce locally), the barrier; and those that need
  * every pair of ranks wired: recursive doubling, recursive halving +

@@ -3,7 +3,7 @@
  * are in ops.c, their requests in request.c.
  */
 #include "core/internal.h"
-#include "core/select.h"
+#include "core/tune.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -46,6 +46,38 @@ char *weft__init_errmsg(size_t *len)
 {
     *len = sizeof init_errmsg;
     return init_errmsg;
+}
+
+/* weft_info's text: the settings c runs with, then its table. */
+static char *info_make(const weft_comm *c)
+{
+    static const char *const ons[] = {"?", "ring", "direct", "mesh"};
+    const weft__config *g = &c->cfg;
+    char head[768];
+    size_t need, n;
+    char *s;
+
+    n = (size_t)snprintf(
+        head, sizeof head,
+        "rank=%d ranks=%d transport=%s%s topology=%s wires=%d "
+        "timeout_ms=%d connect_timeout_ms=%d frame_bytes=%zu "
+        "min_wire_bytes=%zu box_bytes=%zu pull_threads=%d "
+        "reduce_thread=%d send_thread=%d spin_us=%d ranks_per_host=%d\n"
+        "algo=",
+        g->rank, g->nranks, g->transport,
+        c->x.tp != NULL && strcmp(c->x.tpo->name, "shm") == 0 ? "+shm" : "",
+        ons[c->tune.on >= 1 && c->tune.on <= 3 ? c->tune.on : 0], g->wires,
+        c->x.timeout_ms, g->connect_timeout_ms, g->frame_bytes,
+        g->min_wire_bytes, c->x.box, c->x.pull ? g->pull_threads : 0,
+        g->reduce_thread, g->send_thread, g->spin_us, g->hier_local);
+    if (n >= sizeof head)
+        n = sizeof head - 1;
+    need = n + weft__tune_print(&c->tune, NULL, 0) + 1;
+    if ((s = malloc(need)) == NULL)
+        return NULL;
+    memcpy(s, head, n);
+    weft__tune_print(&c->tune, s + n, need - n);
+    return s;
 }
 
 /* weft_init (uc NULL) and weft_init_config: what = the caller's name. The
@@ -140,10 +172,19 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
         if (p != c->x.rank && c->x.tpo->nwires(c->x.tp, p) == 0)
             c->relays = 1;
     if (c->x.tp != NULL) {
-        c->topo = weft__topology(&c->x);
         weft__box_init(&c->x);
         weft__pull_init(&c->x);
     }
+    if ((rc = weft__tune_init(&c->tune, &c->x, init_errmsg,
+                              sizeof init_errmsg)) != 0)
+        goto fail;
+    if ((c->info = info_make(c)) == NULL) {
+        rc = WEFT_ENOMEM;
+        goto fail;
+    }
+    if (c->x.rank == 0 && getenv("WEFT_PRINT_CONFIG") != NULL)
+        /* weftrun --print-config */
+        fprintf(stderr, "weft: %s\n", c->info);
     /* A rank that forwards relayed messages keeps doing it between its
      * own operations. */
     if (c->relays && (rc = weft__sched_relays(c)) != 0) {
@@ -213,6 +254,7 @@ int weft_finalize(weft_comm *c)
     free(c->x.send_seq);
     free(c->x.recv_seq);
     free(c->x.scratch);
+    free(c->info);
     free(c->batch_buf);
     free(c);
     return WEFT_OK;
@@ -221,6 +263,11 @@ int weft_finalize(weft_comm *c)
 int weft_rank(const weft_comm *c)
 {
     return c == NULL ? WEFT_EINVAL : c->x.rank;
+}
+
+const char *weft_info(const weft_comm *c)
+{
+    return c == NULL ? NULL : c->info;
 }
 
 int weft_size(const weft_comm *c)

@@ -8,6 +8,7 @@
 #define WEFT_INTERNAL_H
 
 #include "coll/coll.h"
+#include "core/tune.h"
 #include "topo/topo.h"
 
 #include <pthread.h>
@@ -21,8 +22,9 @@ struct weft_comm {
     uint64_t coll_seq;           /* collectives posted on this communicator */
     struct weft__tp_params *tpp; /* what the transport was created with */
     struct weft__sched *s;       /* its requests and progress thread */
-    int relays; /* some peer has no wires: this rank may forward */
-    int topo;   /* the topology in effect (weft__topology, select.c) */
+    int relays;      /* some peer has no wires: this rank may forward */
+    weft__tune tune; /* which algorithm runs each collective (tune.h) */
+    char *info;      /* weft_info's text, made on its first call */
     /* An operation has returned the failure's code (every later one
      * returns WEFT_EABORTED); 0 while a failure found between operations
      * (a relay's) has not been reported yet. */
@@ -51,6 +53,7 @@ typedef struct weft__opdesc {
     int redop;    /* -1 where the call has none */
     weft__args a; /* a.root: -1 where the call has none */
     weft__algo_fn post;
+    int batch; /* consecutive calls may run as one (tune.h) */
 } weft__opdesc;
 
 /* ---- request.c ---- */

@@ -1,13 +1,13 @@
 /*
  * The operations' entry points, blocking and non-blocking: argument
  * checks (a bad argument is reported before anything moves and leaves the
- * communicator usable), the choice of algorithm (select.c), then the
+ * communicator usable), the choice of algorithm (tune.c), then the
  * operation is handed to the requests (request.c), which run every
  * operation of a communicator in post order.
  */
 #include "base/kernels.h"
 #include "core/internal.h"
-#include "core/select.h"
+#include "core/tune.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -53,7 +53,7 @@ static int collective(weft_comm *c, weft__opdesc *d, int kind, const char *name,
     d->kind = kind;
     d->name = name;
     d->redop = redop;
-    d->post = weft__select(&c->x, c->topo, kind, &d->a);
+    d->post = weft__tune_pick(&c->tune, &c->x, kind, &d->a, &d->batch);
     return WEFT_OK;
 }
 
@@ -134,8 +134,7 @@ static int two_buffers(weft_comm *c, const char *name, int kind,
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0)
         return DONE_NOW;
-    if (bad_overlap(c, kind, sendbuf, recvbuf,
-                    count * weft_dtype_size(dtype)))
+    if (bad_overlap(c, kind, sendbuf, recvbuf, count * weft_dtype_size(dtype)))
         return inval(c,
                      "%s: sendbuf and recvbuf overlap, and not in an in-place "
                      "form (the same buffer%s)",

@@ -30,19 +30,18 @@
  * Batches: small all_reduces posted back to back are latency bound, so
  * consecutive ones run as one call over their inputs laid end to end in a
  * buffer, each result copied out in post order, where the algorithm allows
- * it (weft__batchable: each element's result does not depend on the
- * batch), they have one count, and no operation of the batch reads what
- * an earlier one writes. One count, so that where ranks' calls differ the
- * batch's first operation is one that differs, and fails alone (a batch
- * of 100 and 101 elements that another rank ran as 100 and 100 blamed the
- * request that matched, naming a count nobody called).
- * Every rank must run the same batches, but each sees its own queue: so
- * every batchable call carries in its headers how many batchable
- * operations this rank has queued behind it (weft__call.hint), and the
- * ranks' minimum, known to every rank when the call ends, is the size of
- * the next batch. A rank that ran the call with nothing queued offers 0,
- * so a lone or blocking all_reduce runs alone, as before; a batch starts
- * when its first operation would have started, under its deadline.
+ * it (the table's batch flag, tune.h: each element's result does not depend on
+ * the batch), they have one count, and no operation of the batch reads what an
+ * earlier one writes. One count, so that where ranks' calls differ the batch's
+ * first operation is one that differs, and fails alone (a batch of 100 and 101
+ * elements that another rank ran as 100 and 100 blamed the request that
+ * matched, naming a count nobody called). Every rank must run the same batches,
+ * but each sees its own queue: so every batchable call carries in its headers
+ * how many batchable operations this rank has queued behind it
+ * (weft__call.hint), and the ranks' minimum, known to every rank when the call
+ * ends, is the size of the next batch. A rank that ran the call with nothing
+ * queued offers 0, so a lone or blocking all_reduce runs alone, as before; a
+ * batch starts when its first operation would have started, under its deadline.
  *
  * Completion: a failure completes the failing request with its code and,
  * once the communicator has failed, every other pending one with
@@ -58,7 +57,7 @@
  */
 #include "core/internal.h"
 
-#include "core/select.h"
+#include "core/tune.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -242,7 +241,7 @@ static int start_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
                     uint64_t seq, uint32_t hint, uint64_t parts, weft__call *k,
                     weft__task *t)
 {
-    const int batchable = weft__batchable(d->post);
+    const int batchable = d->batch;
     int rc;
 
     if (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted)) {
@@ -286,7 +285,7 @@ static int end_op(weft_comm *c, const weft__opdesc *d, int rc, weft__call *k,
     if (rc == WEFT_OK)
         weft__call_end(&c->x, k->seq);
     /* Every rank's hint, lowered to the minimum by the call's headers. */
-    c->batch_next = rc == WEFT_OK && weft__batchable(d->post) ? k->hint : 0;
+    c->batch_next = rc == WEFT_OK && d->batch ? k->hint : 0;
     return rc;
 }
 
@@ -358,7 +357,7 @@ static uint32_t batch_len(const weft__sched *s, const weft_comm *c,
     size_t es, total = 0;
     uint32_t n = 0;
 
-    if (r == NULL || !weft__batchable(r->d.post))
+    if (r == NULL || !r->d.batch)
         return 0;
     es = weft_dtype_size(r->d.a.dtype);
     for (const weft_request *q = r; q != NULL && n < max; q = q->next) {
@@ -605,7 +604,7 @@ static weft_request *pick(weft__sched *s, weft_comm *c)
         if (ok) {
             q->nbatch = 1;
             q->hint = 0;
-            if (!p2p && weft__batchable(q->d.post)) {
+            if (!p2p && q->d.batch) {
                 /* The batch the ranks agreed on (every rank has it
                  * queued: each offered no more than it had), and this
                  * rank's offer for the next. */

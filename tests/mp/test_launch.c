@@ -22,8 +22,8 @@ static double now_s(void)
 
 /* Runs `weftrun -n 3 --timeout-ms MS -- failprog MODE 1`; returns its exit
  * code (-1 if it did not exit normally), its stderr in err. */
-static int launch(int timeout_ms, const char *mode, char *err, size_t errlen,
-                  double *secs)
+static int launch_with(const char *opts, int timeout_ms, const char *mode,
+                       char *err, size_t errlen, double *secs)
 {
     const char *weftrun = getenv("WEFTRUN");
     const char *prog = getenv("WEFT_TEST_FAILPROG");
@@ -41,9 +41,9 @@ static int launch(int timeout_ms, const char *mode, char *err, size_t errlen,
     /* timeout(1) is this test's own deadline; weftrun must end well before
      * it. --grace-ms is short so that a stopped rank is killed quickly. */
     snprintf(cmd, sizeof cmd,
-             "timeout -s KILL 60 %s -n 3 --grace-ms 500 --timeout-ms %d -- "
+             "timeout -s KILL 60 %s -n 3 %s --grace-ms 500 --timeout-ms %d -- "
              "%s %s 1 2>%s >/dev/null",
-             weftrun, timeout_ms, prog, mode, errfile);
+             weftrun, opts, timeout_ms, prog, mode, errfile);
     t0 = now_s();
     status = system(cmd);
     *secs = now_s() - t0;
@@ -54,6 +54,30 @@ static int launch(int timeout_ms, const char *mode, char *err, size_t errlen,
         fclose(f);
     unlink(errfile);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int launch(int timeout_ms, const char *mode, char *err, size_t errlen,
+                  double *secs)
+{
+    return launch_with("", timeout_ms, mode, err, errlen, secs);
+}
+
+/* --print-config: rank 0's weft_init prints its settings and its tuning
+ * table (weft_info), once; the job runs as without it. */
+Test(launch, print_config, .timeout = 90)
+{
+    char err[16384];
+    double secs;
+    int code =
+        launch_with("--print-config", 10000, "ok", err, sizeof err, &secs);
+    const char *at = strstr(err, "[rank 0] weft: rank=0 ranks=3 ");
+
+    cr_assert_eq(code, 0, "weftrun exited %d:\n%s", code, err);
+    cr_assert_not_null(at, "no settings from rank 0:\n%s", err);
+    cr_assert_not_null(strstr(err, "algo=all_reduce:"), "no table:\n%s", err);
+    cr_assert_null(strstr(at + 14, "weft: rank="), "printed twice:\n%s", err);
+    cr_assert_null(strstr(err, "[rank 1] weft: rank="),
+                   "rank 1 printed too:\n%s", err);
 }
 
 Test(launch, all_ranks_succeed, .timeout = 90)
@@ -105,6 +129,5 @@ Test(launch, abort_from_second_thread, .timeout = 90)
     int code = launch(20000, "abort", err, sizeof err, &secs);
 
     cr_assert_eq(code, 0, "weftrun exited %d:\n%s", code, err);
-    cr_assert(secs < 15, "took %.1f s: the abort did not wake the call",
-              secs);
+    cr_assert(secs < 15, "took %.1f s: the abort did not wake the call", secs);
 }

@@ -668,3 +668,17 @@ def test_a_forked_child_gets_the_wakeup_fd_back():
         assert os.waitstatus_to_exitcode(status) == 0, status
         print("ok")
     ''')
+
+
+def test_info_shows_settings_and_table():
+    """comm.info() is weft_info(): the settings, then the tuning table in
+    WEFT_ALGO's form."""
+    comm = weft.init_config(rank=0, size=1)
+    try:
+        text = comm.info()
+        assert "ranks=1" in text
+        assert "algo=all_reduce:" in text
+    finally:
+        comm.close()
+    with pytest.raises(weft.InvalidArgument):
+        comm.info()

@@ -1,0 +1,623 @@
+/* The tuning table; see tune.h. */
+#include "core/tune.h"
+
+#include "coll/hier.h"
+#include "engine/plan.h"
+#include "mesh/mesh.h"
+#include "ring/ring.h"
+#include "transport/transport.h"
+
+#include <ctype.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NOLIMIT SIZE_MAX
+
+static const char *const algo_names[WEFT__ALGO_COUNT] = {
+    [WEFT__ALGO_BOX] = "box",           [WEFT__ALGO_HIER] = "hier",
+    [WEFT__ALGO_PULL] = "pull",         [WEFT__ALGO_GATHER] = "gather",
+    [WEFT__ALGO_DOUBLING] = "doubling", [WEFT__ALGO_HALVING] = "halving",
+    [WEFT__ALGO_MESH] = "mesh",         [WEFT__ALGO_RING] = "ring",
+};
+
+/* The operations the table covers, in the order it prints them. */
+static const struct {
+    int op;
+    const char *name;
+} ops[] = {
+    {WEFT__OP_ALL_REDUCE, "all_reduce"},
+    {WEFT__OP_ALL_GATHER, "all_gather"},
+    {WEFT__OP_REDUCE_SCATTER, "reduce_scatter"},
+    {WEFT__OP_BROADCAST, "broadcast"},
+    {WEFT__OP_BARRIER, "barrier"},
+};
+#define NOPS (sizeof ops / sizeof ops[0])
+
+const char *weft__algo_name(int a)
+{
+    return a > 0 && a < WEFT__ALGO_COUNT ? algo_names[a] : "?";
+}
+
+static const char *op_name(int op)
+{
+    for (size_t i = 0; i < NOPS; i++)
+        if (ops[i].op == op)
+            return ops[i].name;
+    return "?";
+}
+
+/* ---- the topology class ---- */
+
+int weft__direct_ok(const weft__ctx *c)
+{
+    if (c->nranks > WEFT__MESH_MAX_RANKS ||
+        strcmp(c->cfg->topology, "ring") == 0)
+        return 0;
+    for (int p = 0; p < c->nranks; p++)
+        if (p != c->rank && c->tpo->nwires(c->tp, p) == 0)
+            return 0;
+    return 1;
+}
+
+int weft__topology(const weft__ctx *c)
+{
+    if (!weft__direct_ok(c))
+        return WEFT__ON_RING;
+    return c->cfg->mesh ? WEFT__ON_MESH : WEFT__ON_DIRECT;
+}
+
+/* ---- what each algorithm can run ---- */
+
+static int pow2(int n)
+{
+    return (n & (n - 1)) == 0;
+}
+
+/* Whether algorithm a implements operation op at all. */
+static int implements(int a, int op)
+{
+    switch (a) {
+    case WEFT__ALGO_BOX:
+    case WEFT__ALGO_MESH:
+    case WEFT__ALGO_RING:
+        return 1;
+    case WEFT__ALGO_HIER:
+        return op != WEFT__OP_BARRIER && op != WEFT__OP_BROADCAST;
+    case WEFT__ALGO_PULL:
+        return op != WEFT__OP_BARRIER;
+    default: /* gather, doubling, halving */
+        return op == WEFT__OP_ALL_REDUCE;
+    }
+}
+
+/* Why algorithm a cannot run on a job like this (env, cfg), or NULL
+ * where it can (for some calls at least). */
+static const char *cannot(int a, const weft__config *cfg,
+                          const weft__tune_env *env)
+{
+    const int n = cfg->nranks;
+
+    switch (a) {
+    case WEFT__ALGO_BOX:
+        return env->box == 0 ? "it needs every rank on one host, over "
+                               "shared memory"
+                             : NULL;
+    case WEFT__ALGO_HIER:
+        return cfg->hier_local < 2
+                   ? "it needs several hosts of as many ranks each, joined "
+                     "in a ring, over TCP"
+                   : NULL;
+    case WEFT__ALGO_PULL:
+        return !env->pull ? "it needs every rank on one host, each able "
+                            "to read the others' memory"
+                          : NULL;
+    case WEFT__ALGO_DOUBLING:
+        if (env->on == WEFT__ON_RING)
+            return "it needs direct wires between every pair of ranks";
+        return !pow2(n) ? "it needs a power-of-two number of ranks" : NULL;
+    case WEFT__ALGO_HALVING:
+        if (env->on == WEFT__ON_RING)
+            return "it needs direct wires between every pair of ranks";
+        return weft__plan_halving_rounds(n) >= 2 * (n - 1)
+                   ? "it takes as many rounds as the ring below 4 ranks"
+                   : NULL;
+    case WEFT__ALGO_MESH:
+        return env->on == WEFT__ON_RING
+                   ? "it needs direct wires between every pair of ranks "
+                     "(and at most 17 ranks)"
+                   : NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* Whether algorithm a can run this call (what its rows' ranges do not
+ * say: the box's room, an element per rank where the algorithm needs
+ * one). */
+static int can_run(int a, const weft__ctx *c, int on, int kind,
+                   const weft__args *a_)
+{
+    const size_t bytes = a_->count * weft_dtype_size(a_->dtype);
+    const size_t n = (size_t)c->nranks;
+
+    switch (a) {
+    case WEFT__ALGO_BOX:
+        return c->box != 0 &&
+               (kind == WEFT__OP_REDUCE_SCATTER ? bytes * n : bytes) <= c->box;
+    case WEFT__ALGO_HIER:
+        /* An element per rank: every chunk of every phase holds one, so
+         * every pass moves data and compares the ranks' calls. */
+        return c->cfg->hier_local >= 2 &&
+               (kind != WEFT__OP_ALL_REDUCE || a_->count >= n);
+    case WEFT__ALGO_PULL:
+        return c->pull && on != WEFT__ON_RING;
+    case WEFT__ALGO_DOUBLING:
+        return on != WEFT__ON_RING && pow2(c->nranks);
+    case WEFT__ALGO_HALVING:
+        /* Fewer rounds than the ring has steps (from 4 ranks), and an
+         * element per rank, so that every round that pairs two ranks
+         * moves data and compares their calls. */
+        return on != WEFT__ON_RING &&
+               weft__plan_halving_rounds(c->nranks) < 2 * (c->nranks - 1) &&
+               a_->count >= n;
+    case WEFT__ALGO_MESH:
+        return on != WEFT__ON_RING;
+    default:
+        return 1;
+    }
+}
+
+static int ring_gather_reduce(weft__task *t)
+{
+    return weft__gather_reduce(t, weft__ring_all_gather);
+}
+
+static int mesh_gather_reduce(weft__task *t)
+{
+    return weft__gather_reduce(t, weft__mesh_all_gather);
+}
+
+static int ring_barrier(weft__task *t)
+{
+    return weft__barrier(t, weft__ring_all_gather);
+}
+
+static int mesh_barrier(weft__task *t)
+{
+    return weft__barrier(t, weft__mesh_all_gather);
+}
+
+/* The function that runs operation kind by algorithm a. */
+static weft__algo_fn algo_fn(int a, int kind, int on)
+{
+    static const weft__algo_fn box[] = {
+        [WEFT__OP_ALL_REDUCE] = weft__box_all_reduce,
+        [WEFT__OP_ALL_GATHER] = weft__box_all_gather,
+        [WEFT__OP_REDUCE_SCATTER] = weft__box_reduce_scatter,
+        [WEFT__OP_BROADCAST] = weft__box_broadcast,
+        [WEFT__OP_BARRIER] = weft__box_barrier};
+    static const weft__algo_fn hier[] = {
+        [WEFT__OP_ALL_REDUCE] = weft__hier_all_reduce,
+        [WEFT__OP_ALL_GATHER] = weft__hier_all_gather,
+        [WEFT__OP_REDUCE_SCATTER] = weft__hier_reduce_scatter};
+    static const weft__algo_fn pull[] = {
+        [WEFT__OP_ALL_REDUCE] = weft__pull_all_reduce,
+        [WEFT__OP_ALL_GATHER] = weft__pull_all_gather,
+        [WEFT__OP_REDUCE_SCATTER] = weft__pull_reduce_scatter,
+        [WEFT__OP_BROADCAST] = weft__pull_broadcast};
+    static const weft__algo_fn mesh[] = {
+        [WEFT__OP_ALL_REDUCE] = weft__mesh_all_reduce,
+        [WEFT__OP_ALL_GATHER] = weft__mesh_all_gather,
+        [WEFT__OP_REDUCE_SCATTER] = weft__mesh_reduce_scatter,
+        [WEFT__OP_BROADCAST] = weft__mesh_broadcast,
+        [WEFT__OP_BARRIER] = mesh_barrier};
+    static const weft__algo_fn ring[] = {
+        [WEFT__OP_ALL_REDUCE] = weft__ring_all_reduce,
+        [WEFT__OP_ALL_GATHER] = weft__ring_all_gather,
+        [WEFT__OP_REDUCE_SCATTER] = weft__ring_reduce_scatter,
+        [WEFT__OP_BROADCAST] = weft__ring_broadcast,
+        [WEFT__OP_BARRIER] = ring_barrier};
+
+    if (kind < WEFT__OP_ALL_REDUCE || kind > WEFT__OP_BARRIER ||
+        kind == WEFT__OP_P2P || !implements(a, kind))
+        return NULL;
+    switch (a) {
+    case WEFT__ALGO_BOX:
+        return box[kind];
+    case WEFT__ALGO_HIER:
+        return hier[kind];
+    case WEFT__ALGO_PULL:
+        return pull[kind];
+    case WEFT__ALGO_GATHER:
+        return on == WEFT__ON_RING ? ring_gather_reduce : mesh_gather_reduce;
+    case WEFT__ALGO_DOUBLING:
+        return weft__doubling_all_reduce;
+    case WEFT__ALGO_HALVING:
+        return weft__halving_all_reduce;
+    case WEFT__ALGO_MESH:
+        return mesh[kind];
+    default:
+        return ring[kind];
+    }
+}
+
+/* The algorithm past every row: the topology's own. */
+static int base_algo(int kind, int on)
+{
+    if (kind == WEFT__OP_BARRIER)
+        return on == WEFT__ON_RING ? WEFT__ALGO_RING : WEFT__ALGO_MESH;
+    return on == WEFT__ON_MESH ? WEFT__ALGO_MESH : WEFT__ALGO_RING;
+}
+
+/* ---- the defaults ---- */
+
+static void add(weft__tune *t, int op, size_t lo, size_t hi, int algo)
+{
+    if (t->nrows < WEFT__TUNE_MAX_ROWS && lo <= hi)
+        t->rows[t->nrows++] = (weft__tune_row){op, lo, hi, algo};
+}
+
+/* The rows of cfg's measured thresholds (topo.h says where each comes
+ * from) for env, in the order they are tried. */
+static void defaults(weft__tune *t, const weft__config *cfg,
+                     const weft__tune_env *env)
+{
+    const int on = env->on, n = cfg->nranks;
+    const size_t nr = (size_t)n;
+    const int hier = cfg->hier && cfg->hier_local >= 2;
+    const int pull = env->pull && on != WEFT__ON_RING;
+    /* Bytes per rank whose gathered size (times n) is within x. */
+#define PER_RANK(x) ((x) / nr)
+
+    /* all_reduce: the box; hierarchical where hosts run several ranks
+     * each; one-copy reads among one host's ranks; small: every input
+     * gathered and reduced locally (one exchange where every pair is
+     * wired, recursive doubling among a power of two of one host's
+     * ranks), mid sizes there recursive halving + doubling, else the
+     * mesh's or the ring's reduce-scatter + all-gather. */
+    if (env->box != 0)
+        add(t, WEFT__OP_ALL_REDUCE, 0, cfg->box_bytes, WEFT__ALGO_BOX);
+    if (hier)
+        add(t, WEFT__OP_ALL_REDUCE, cfg->hier_all_reduce_bytes, NOLIMIT,
+            WEFT__ALGO_HIER);
+    if (pull && cfg->pull_all_reduce_bytes != 0)
+        add(t, WEFT__OP_ALL_REDUCE, cfg->pull_all_reduce_bytes, NOLIMIT,
+            WEFT__ALGO_PULL);
+    if (on == WEFT__ON_MESH)
+        add(t, WEFT__OP_ALL_REDUCE, 0,
+            PER_RANK(cfg->mesh_small_all_reduce_bytes), WEFT__ALGO_GATHER);
+    if (on == WEFT__ON_DIRECT) {
+        if (pow2(n))
+            add(t, WEFT__OP_ALL_REDUCE, 0, cfg->doubling_all_reduce_bytes,
+                WEFT__ALGO_DOUBLING);
+        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(cfg->small_all_reduce_bytes),
+            WEFT__ALGO_GATHER);
+        if (cannot(WEFT__ALGO_HALVING, cfg, env) == NULL)
+            add(t, WEFT__OP_ALL_REDUCE, 0,
+                pow2(n) ? cfg->halving_all_reduce_bytes
+                        : cfg->halving_fold_all_reduce_bytes,
+                WEFT__ALGO_HALVING);
+    }
+    if (on == WEFT__ON_RING)
+        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(cfg->small_all_reduce_bytes),
+            WEFT__ALGO_GATHER);
+    /* all_gather and reduce_scatter (a rank's block): the box (a
+     * reduce_scatter's whole input), hierarchical, one-copy reads. */
+    if (env->box != 0) {
+        add(t, WEFT__OP_ALL_GATHER, 0, cfg->box_bytes, WEFT__ALGO_BOX);
+        add(t, WEFT__OP_REDUCE_SCATTER, 0, PER_RANK(cfg->box_bytes),
+            WEFT__ALGO_BOX);
+    }
+    if (hier) {
+        add(t, WEFT__OP_ALL_GATHER, cfg->hier_all_gather_bytes, NOLIMIT,
+            WEFT__ALGO_HIER);
+        add(t, WEFT__OP_REDUCE_SCATTER, cfg->hier_reduce_scatter_bytes, NOLIMIT,
+            WEFT__ALGO_HIER);
+    }
+    if (pull && cfg->pull_all_gather_bytes != 0)
+        add(t, WEFT__OP_ALL_GATHER, cfg->pull_all_gather_bytes, NOLIMIT,
+            WEFT__ALGO_PULL);
+    if (pull && cfg->pull_reduce_scatter_bytes != 0)
+        add(t, WEFT__OP_REDUCE_SCATTER, cfg->pull_reduce_scatter_bytes, NOLIMIT,
+            WEFT__ALGO_PULL);
+    /* broadcast: the box; where hosts run several ranks each under the
+     * mesh, large, the ring's chain (each byte crosses each cable once:
+     * a host's ranks are consecutive on the ring); one-copy reads. */
+    if (env->box != 0)
+        add(t, WEFT__OP_BROADCAST, 0, cfg->box_bytes, WEFT__ALGO_BOX);
+    if (hier && on == WEFT__ON_MESH)
+        add(t, WEFT__OP_BROADCAST, cfg->hier_broadcast_bytes, NOLIMIT,
+            WEFT__ALGO_RING);
+    if (pull && cfg->pull_broadcast_bytes != 0)
+        add(t, WEFT__OP_BROADCAST, cfg->pull_broadcast_bytes, NOLIMIT,
+            WEFT__ALGO_PULL);
+    if (env->box != 0)
+        add(t, WEFT__OP_BARRIER, 0, NOLIMIT, WEFT__ALGO_BOX);
+#undef PER_RANK
+}
+
+/* ---- WEFT_ALGO ---- */
+
+static int fail(char *errmsg, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *errmsg, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    int n = snprintf(errmsg, errlen, "WEFT_ALGO: ");
+
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < errlen)
+        vsnprintf(errmsg + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return WEFT_ECONFIG;
+}
+
+/* A size: digits with an optional k, m or g (binary), into *out; *s moves
+ * past it. -1 where there are no digits or it overflows. */
+static int parse_size(const char **s, size_t *out)
+{
+    const char *p = *s;
+    unsigned long long v = 0;
+    unsigned shift = 0;
+
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (v > (ULLONG_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    switch (*p) {
+    case 'k':
+    case 'K':
+        shift = 10;
+        break;
+    case 'm':
+    case 'M':
+        shift = 20;
+        break;
+    case 'g':
+    case 'G':
+        shift = 30;
+        break;
+    default:
+        break;
+    }
+    if (shift != 0) {
+        p++;
+        if (v > (SIZE_MAX >> shift))
+            return -1;
+        v <<= shift;
+    }
+    if (v >= SIZE_MAX)
+        return -1;
+    *out = (size_t)v;
+    *s = p;
+    return 0;
+}
+
+/* The name at *s up to one of the characters of `end` (or the string's
+ * end), matched against names[0..n): its index, or -1. */
+static int match_name(const char **s, const char *end, const char *const *names,
+                      size_t n, char *got, size_t gotlen)
+{
+    size_t len = strcspn(*s, end);
+
+    snprintf(got, gotlen, "%.*s", (int)(len < 40 ? len : 40), *s);
+    for (size_t i = 0; i < n; i++)
+        if (names[i] != NULL && strlen(names[i]) == len &&
+            strncmp(names[i], *s, len) == 0) {
+            *s += len;
+            return (int)i;
+        }
+    return -1;
+}
+
+/* Applies the override text s to t (whose rows are the defaults). */
+static int apply(weft__tune *t, const weft__config *cfg,
+                 const weft__tune_env *env, const char *s, char *errmsg,
+                 size_t errlen)
+{
+    const char *op_names[NOPS];
+    weft__tune_row mine[WEFT__TUNE_MAX_ROWS];
+    int nmine = 0;
+
+    for (size_t i = 0; i < NOPS; i++)
+        op_names[i] = ops[i].name;
+    while (*s != '\0') {
+        char got[48];
+        int oi, op, first = nmine;
+
+        if (*s == ';') {
+            s++;
+            continue;
+        }
+        if ((oi = match_name(&s, ":;", op_names, NOPS, got, sizeof got)) < 0)
+            return fail(errmsg, errlen,
+                        "unknown operation \"%s\" (all_reduce, all_gather, "
+                        "reduce_scatter, broadcast, barrier)",
+                        got);
+        op = ops[oi].op;
+        if (*s++ != ':')
+            return fail(errmsg, errlen,
+                        "%s: expected ':' and its rows (e.g. "
+                        "%s:0-64k=mesh,64k-=ring)",
+                        ops[oi].name, ops[oi].name);
+        if (t->set & (1u << op))
+            return fail(errmsg, errlen, "%s is given twice", ops[oi].name);
+        t->set |= 1u << op;
+        while (*s != '\0' && *s != ';') {
+            size_t lo = 0, hi = NOLIMIT;
+            const char *why;
+            int a;
+
+            if (isdigit((unsigned char)*s)) {
+                if (parse_size(&s, &lo) != 0 || *s++ != '-')
+                    return fail(errmsg, errlen,
+                                "%s: a row is LO-HI=ALGO (sizes in bytes, "
+                                "k, m or g; HI left out: no limit)",
+                                ops[oi].name);
+                if (isdigit((unsigned char)*s) && parse_size(&s, &hi) != 0)
+                    return fail(errmsg, errlen, "%s: a size out of range",
+                                ops[oi].name);
+                if (*s++ != '=')
+                    return fail(errmsg, errlen,
+                                "%s: expected '=' and an algorithm after a "
+                                "size range",
+                                ops[oi].name);
+                if (hi < lo)
+                    return fail(errmsg, errlen,
+                                "%s: the range %zu-%zu is empty", ops[oi].name,
+                                lo, hi);
+            }
+            if ((a = match_name(&s, ",;", algo_names, WEFT__ALGO_COUNT, got,
+                                sizeof got)) < 0)
+                return fail(errmsg, errlen,
+                            "%s: unknown algorithm \"%s\" (box, hier, pull, "
+                            "gather, doubling, halving, mesh, ring)",
+                            ops[oi].name, got);
+            if (!implements(a, op))
+                return fail(errmsg, errlen, "%s=%s: %s does not implement %s",
+                            ops[oi].name, algo_names[a], algo_names[a],
+                            ops[oi].name);
+            if (!env->any && (why = cannot(a, cfg, env)) != NULL)
+                return fail(errmsg, errlen, "%s=%s cannot run on this job: %s",
+                            ops[oi].name, algo_names[a], why);
+            if (nmine == WEFT__TUNE_MAX_ROWS)
+                return fail(errmsg, errlen, "more than %d rows",
+                            WEFT__TUNE_MAX_ROWS);
+            mine[nmine++] = (weft__tune_row){op, lo, hi, a};
+            if (*s == ',')
+                s++;
+        }
+        if (nmine == first)
+            return fail(errmsg, errlen, "%s: no rows", ops[oi].name);
+    }
+    /* The named operations' rows are the override's, in its order. */
+    {
+        int k = 0;
+
+        for (int i = 0; i < t->nrows; i++)
+            if (!(t->set & (1u << t->rows[i].op)))
+                t->rows[k++] = t->rows[i];
+        t->nrows = k;
+        for (int i = 0; i < nmine; i++) {
+            if (t->nrows == WEFT__TUNE_MAX_ROWS)
+                return fail(errmsg, errlen, "more than %d rows",
+                            WEFT__TUNE_MAX_ROWS);
+            t->rows[t->nrows++] = mine[i];
+        }
+    }
+    return WEFT_OK;
+}
+
+int weft__tune_build(weft__tune *t, const weft__config *cfg,
+                     const weft__tune_env *env, const char *algo, char *errmsg,
+                     size_t errlen)
+{
+    memset(t, 0, sizeof *t);
+    t->on = env->on;
+    defaults(t, cfg, env);
+    if (algo == NULL || *algo == '\0')
+        return WEFT_OK;
+    return apply(t, cfg, env, algo, errmsg, errlen);
+}
+
+int weft__tune_init(weft__tune *t, const weft__ctx *c, char *errmsg,
+                    size_t errlen)
+{
+    weft__tune_env env = {WEFT__ON_RING, c->box, c->pull, 0};
+
+    if (c->tp != NULL)
+        env.on = weft__topology(c);
+    else
+        /* One rank: nothing can fail to run, as nothing runs. */
+        env = (weft__tune_env){WEFT__ON_MESH, 0, 0, 1};
+    return weft__tune_build(t, c->cfg, &env, getenv("WEFT_ALGO"), errmsg,
+                            errlen);
+}
+
+weft__algo_fn weft__tune_pick(const weft__tune *t, const weft__ctx *c, int kind,
+                              const weft__args *a, int *batch)
+{
+    const size_t bytes = a->count * weft_dtype_size(a->dtype);
+    int algo = base_algo(kind, t->on);
+
+    for (int i = 0; i < t->nrows; i++) {
+        const weft__tune_row *r = &t->rows[i];
+
+        if (r->op == kind && bytes >= r->lo && bytes <= r->hi &&
+            can_run(r->algo, c, t->on, kind, a)) {
+            algo = r->algo;
+            break;
+        }
+    }
+    /* Recursive doubling: each rank hears from every other through
+     * log2(n) rounds, element by element in the same order. The
+     * one-exchange gather: every rank hears every other directly and
+     * reduces in rank order. (The ring's gather passes each rank's header
+     * to its neighbour only.) */
+    *batch = kind == WEFT__OP_ALL_REDUCE &&
+             (algo == WEFT__ALGO_DOUBLING ||
+              (algo == WEFT__ALGO_GATHER && t->on != WEFT__ON_RING));
+    return algo_fn(algo, kind, t->on);
+}
+
+/* ---- printing ---- */
+
+static int put_size(char *out, size_t len, size_t v)
+{
+    if (v != 0 && v % (1u << 30) == 0)
+        return snprintf(out, len, "%zug", v >> 30);
+    if (v != 0 && v % (1u << 20) == 0)
+        return snprintf(out, len, "%zum", v >> 20);
+    if (v != 0 && v % (1u << 10) == 0)
+        return snprintf(out, len, "%zuk", v >> 10);
+    return snprintf(out, len, "%zu", v);
+}
+
+size_t weft__tune_print(const weft__tune *t, char *out, size_t len)
+{
+    size_t at = 0;
+    char b[32];
+
+#define PUT(...)                                                               \
+    do {                                                                       \
+        int n_ = snprintf(at < len ? out + at : NULL, at < len ? len - at : 0, \
+                          __VA_ARGS__);                                        \
+        if (n_ > 0)                                                            \
+            at += (size_t)n_;                                                  \
+    } while (0)
+    for (size_t i = 0; i < NOPS; i++) {
+        const int op = ops[i].op;
+
+        int closed = 0; /* a row already takes every size */
+
+        PUT("%s%s:", i ? ";" : "", ops[i].name);
+        for (int k = 0; k < t->nrows && !closed; k++) {
+            const weft__tune_row *r = &t->rows[k];
+
+            if (r->op != op)
+                continue;
+            closed = r->lo == 0 && r->hi == NOLIMIT;
+            put_size(b, sizeof b, r->lo);
+            PUT("%s-", b);
+            if (r->hi != NOLIMIT) {
+                put_size(b, sizeof b, r->hi);
+                PUT("%s", b);
+            }
+            PUT("=%s%s", algo_names[r->algo], closed ? "" : ",");
+        }
+        /* The topology's own algorithm past every row. */
+        if (!closed)
+            PUT("0-=%s", algo_names[base_algo(op, t->on)]);
+    }
+#undef PUT
+    (void)op_name;
+    return at;
+}
