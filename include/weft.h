@@ -41,6 +41,10 @@ extern "C" {
 #define WEFT_VERSION_MINOR 1
 #define WEFT_VERSION_PATCH 0
 
+/* The library's version as "MAJOR.MINOR.PATCH": the one the program runs
+ * with, which may be newer than the header it was built with. */
+WEFT_EXPORT const char *weft_version(void);
+
 /* Error codes. One table (WEFT_ERRNO_MAP) drives the enum, weft_strerror()
  * and weft_err_name(). */
 #define WEFT_ERRNO_MAP(XX)                                                     \
@@ -155,6 +159,16 @@ typedef struct {
  * live in one process at once, made from any threads. Failures as
  * weft_init's, the message naming the weft_config field. */
 WEFT_EXPORT int weft_init_config(weft_comm **out, const weft_config *cfg);
+
+/* weft_config grows at its end in later versions. A program built against
+ * this header calls weft_init_config_sized with the size of the struct it
+ * knows (the macro below), and the library reads that much, taking every
+ * field it does not see as zero; a program built against an older header
+ * calls weft_init_config, whose struct is the first version's. */
+WEFT_EXPORT int weft_init_config_sized(weft_comm **out, const weft_config *cfg,
+                                       size_t size);
+#define weft_init_config(out, cfg)                                             \
+    weft_init_config_sized((out), (cfg), sizeof(weft_config))
 
 /* Closes every connection and frees everything. NULL is a no-op. Returns
  * promptly even on a failed communicator. Always frees c. */

@@ -224,16 +224,43 @@ int weft_init(weft_comm **out)
     return init_comm(out, NULL, "weft_init");
 }
 
-int weft_init_config(weft_comm **out, const weft_config *cfg)
+/* The first version's weft_config: what programs built against 0.1's
+ * weft.h pass to weft_init_config (the macro of later headers calls
+ * weft_init_config_sized with their size). */
+#define CONFIG_V1_SIZE (offsetof(weft_config, topology) + sizeof(const char *))
+
+int weft_init_config_sized(weft_comm **out, const weft_config *cfg, size_t size)
 {
-    if (cfg == NULL) {
-        snprintf(init_errmsg, sizeof init_errmsg,
-                 "weft_init_config: cfg is NULL");
+    weft_config full;
+
+    if (cfg == NULL || size < CONFIG_V1_SIZE) {
+        if (cfg == NULL)
+            snprintf(init_errmsg, sizeof init_errmsg,
+                     "weft_init_config: cfg is NULL");
+        else
+            snprintf(init_errmsg, sizeof init_errmsg,
+                     "weft_init_config: a weft_config of %zu bytes, smaller "
+                     "than any version's",
+                     size);
         if (out != NULL)
             *out = NULL;
         return WEFT_EINVAL;
     }
-    return init_comm(out, cfg, "weft_init_config");
+    /* Fields the caller's struct does not have are zero: their defaults. */
+    memset(&full, 0, sizeof full);
+    memcpy(&full, cfg, size < sizeof full ? size : sizeof full);
+    return init_comm(out, &full, "weft_init_config");
+}
+
+#undef weft_init_config
+int weft_init_config(weft_comm **out, const weft_config *cfg)
+{
+    return weft_init_config_sized(out, cfg, CONFIG_V1_SIZE);
+}
+
+const char *weft_version(void)
+{
+    return PACKAGE_VERSION;
 }
 
 int weft_finalize(weft_comm *c)

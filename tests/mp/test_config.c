@@ -329,3 +329,35 @@ Test(config, listener_open, .timeout = 30)
     cr_assert_eq(weft_listener_close(l), WEFT_OK);
     cr_assert_eq(count_fds(), fds);
 }
+
+/* weft_config grows at its end (weft.h): the header's macro passes the
+ * size the program knows, a program built against 0.1's header calls
+ * weft_init_config itself with 0.1's struct, and fields a program does
+ * not know are zero; a size smaller than any version's is refused. */
+Test(config, struct_size_and_version, .timeout = 60)
+{
+    int (*v1)(weft_comm **, const weft_config *) = weft_init_config;
+    struct {
+        weft_config cfg;
+        char later[64]; /* a newer header's fields, zero */
+    } big;
+    weft_config cfg = {.rank = 0, .size = 1};
+    weft_comm *c = NULL;
+    char want[32];
+
+    cr_assert_eq(v1(&c, &cfg), WEFT_OK, "%s", weft_last_error(NULL));
+    cr_assert_eq(weft_size(c), 1);
+    weft_finalize(c);
+    memset(&big, 0, sizeof big);
+    big.cfg.size = 1;
+    cr_assert_eq(weft_init_config_sized(&c, &big.cfg, sizeof big), WEFT_OK,
+                 "%s", weft_last_error(NULL));
+    weft_finalize(c);
+    cr_assert_eq(weft_init_config_sized(&c, &cfg, 8), WEFT_EINVAL);
+    cr_assert_null(c);
+    cr_assert_not_null(strstr(weft_last_error(NULL), "smaller than any"));
+    cr_assert_eq(weft_init_config_sized(&c, NULL, sizeof cfg), WEFT_EINVAL);
+    snprintf(want, sizeof want, "%d.%d.%d", WEFT_VERSION_MAJOR,
+             WEFT_VERSION_MINOR, WEFT_VERSION_PATCH);
+    cr_assert_str_eq(weft_version(), want);
+}
