@@ -1,0 +1,471 @@
+/*
+ * Several passes on one wire's two byte streams (see "sharing wires"
+ * below).
+ */
+#include "engine/pass.h"
+
+#include "base/bytes.h"
+#include "engine/plan.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- sharing wires ----
+ *
+ * Several passes may be in flight at once: point-to-point messages
+ * progress beside each other and beside the one collective call that
+ * runs (core/request.c). They share each wire's two byte streams, so:
+ *
+ * - Sending, a lane's wire puts its header and every frame of its region
+ *   on the stream before another pass's bytes go there: the first to
+ *   start holds the stream (txq.owner) until its last frame is posted;
+ *   the others queue, and so do check channels' headers.
+ * - Receiving, the engine reads each stream's headers itself (rxq) and
+ *   hands each to the pass it belongs to: point-to-point headers (kind
+ *   P2P) to the receive of that peer that runs, any other to the
+ *   collective's lane or check channel. The pass then reads its frames
+ *   and gives the stream back once they are all posted. A collective's
+ *   header that no started pass takes yet waits, unread past, until the
+ *   collective starts; a point-to-point message that comes while the
+ *   collective waits behind it is read into memory (unexp) and handed to
+ *   its receive when that starts, so that a send posted before a
+ *   collective never holds the collective back on the other side. Past
+ *   UNEXP_MAX bytes held so, the stream waits instead.
+ *
+ * One pass per collective call runs at a time, and at most one receive
+ * (and one send) per peer of point-to-point (the scheduler's rules), so
+ * each stream has at most one point-to-point and one collective taker. */
+
+#define UNEXP_MAX ((size_t)64 << 20)
+
+enum { RX_IDLE, RX_READING, RX_HAVE, RX_BUSY };
+
+/* A point-to-point message's part on one wire, read before its receive
+ * started. */
+typedef struct unexp {
+    weft__xfer x;
+    struct rxq *q;
+    uint8_t hdr[HDR_BYTES];
+    char *buf;
+    size_t len;
+    int done;
+    wstate *taker; /* the receive that took it while it still arrived */
+    struct unexp *next;
+} unexp;
+
+typedef struct rxq {
+    weft__xfer x;
+    weft__ctx *c;
+    int peer, w;
+    int state; /* RX_* */
+    uint8_t hdr[HDR_BYTES];
+    wstate *coll; /* a collective's lane waiting for its header */
+    check *chk;   /* a collective's check channel waiting (wire 0) */
+    wstate *p2p;  /* a point-to-point receive waiting */
+    unexp *uq_head, *uq_tail;
+} rxq;
+
+typedef struct txq {
+    wstate *owner;
+    txw *head, *tail;
+} txq;
+
+static rxq *rxq_of(weft__ctx *c, int peer, int w)
+{
+    return &c->eng->rx[(size_t)peer * (size_t)c->eng->maxw + (size_t)w];
+}
+
+static txq *txq_of(weft__ctx *c, int peer, int w)
+{
+    return &c->eng->tx[(size_t)peer * (size_t)c->eng->maxw + (size_t)w];
+}
+
+static int run_p2p(const run *r)
+{
+    return r->k->kind == WEFT__OP_P2P;
+}
+
+/* Wire w's region of len bytes (elements of esize) over nw wires. */
+static weft__region wire_region(const weft__ctx *c, size_t len, size_t esize,
+                                int nw, int w)
+{
+    weft__region reg = {0, 0};
+    int used;
+
+    if (len == 0 || nw <= 0)
+        return reg;
+    used = weft__plan_wires(len, nw, c->cfg->min_wire_bytes);
+    if (w >= used)
+        return reg;
+    return weft__plan_region(len, used, esize, w);
+}
+
+/* A lane's header came: checked against what the lane expects. */
+static void rx_deliver(wstate *ws, const uint8_t *hdr)
+{
+    run *r = ws->run;
+    ophdr want = weft__lane_hdr(r, ws->lane, 0);
+
+    ws->r_asked = 0;
+    ws->r_hdr = 1;
+    memcpy(ws->r_hdrbuf, hdr, HDR_BYTES);
+    weft__hdr_check(r, ws->r_hdrbuf, &want, r->op.lanes[ws->lane].recv_peer,
+                    ws->w);
+}
+
+static void check_got(check *k, const uint8_t *hdr)
+{
+    run *r = k->run;
+    ophdr want = weft__hdr_make(r->k, r->pass, TAG_CHECK, r->k->seq, 0);
+
+    k->asked = 0;
+    memcpy(k->rbuf, hdr, HDR_BYTES);
+    if (weft__hdr_check(r, k->rbuf, &want, k->peer, 0) == 0)
+        k->got = 1;
+}
+
+/* An early message's bytes land in the receive that took it: its wire's
+ * part of the message is done. It leaves its wire's list (it is the
+ * oldest there: one receive per peer runs at a time). */
+static void unexp_land(wstate *ws, unexp *u)
+{
+    run *r = ws->run;
+    const weft__lane *ln = &r->op.lanes[ws->lane];
+    weft__region reg =
+        weft__step_region(r, ln->steps[0].recv_len, r->rw[ws->lane], ws->w);
+    rxq *q = u->q;
+
+    assert(q->uq_head == u);
+    q->uq_head = u->next;
+    if (q->uq_head == NULL)
+        q->uq_tail = NULL;
+    ws->r_unexp = NULL;
+    if (r->err == 0 && reg.len != u->len)
+        engine_fail(r, WEFT_EMISMATCH,
+                    "rank %d: %s: peer %d sent %zu bytes on wire %d where "
+                    "this rank expected %zu",
+                    r->c->rank, r->k->name, ln->recv_peer, u->len, ws->w,
+                    reg.len);
+    else if (r->err == 0) {
+        memcpy(ln->steps[0].recv_dst + reg.off, u->buf, reg.len);
+        ws->r_step = ln->nsteps;
+        ws->r_frame = 0;
+        ws->d_step = ln->nsteps - 1;
+        ws->d_end = reg.off + reg.len;
+    }
+    r->c->eng->unexp_bytes -= u->len;
+    free(u->buf);
+    free(u);
+}
+
+static void unexp_done(weft__xfer *x)
+{
+    unexp *u = container_of(x, unexp, x);
+    wstate *ws = u->taker;
+
+    u->done = 1;
+    if (ws != NULL) {
+        unexp_land(ws, u);
+        weft__pump_lane(ws->run, ws->lane);
+    }
+}
+
+/* A receive takes the oldest early message of its wire, once its header
+ * matched (where it does not, the pass fails and the message stays, to
+ * go with the transport). */
+static void unexp_take(wstate *ws, unexp *u)
+{
+    rx_deliver(ws, u->hdr);
+    if (ws->run->err != 0)
+        return;
+    if (u->done)
+        unexp_land(ws, u);
+    else {
+        u->taker = ws;
+        ws->r_unexp = u;
+    }
+}
+
+/* Reads the point-to-point message whose header q holds into memory:
+ * 0, or -1 where it may not (too much held already, no memory). */
+static int unexp_read(weft__ctx *c, rxq *q)
+{
+    struct weft__engine *e = c->eng;
+    ophdr h;
+    weft__region reg;
+    unexp *u;
+
+    weft__hdr_decode(q->hdr, &h);
+    if (h.dtype >= 10)
+        return -1;
+    reg = wire_region(c, h.total, weft_dtype_size((weft_dtype)h.dtype),
+                      c->tpo->nwires(c->tp, q->peer), q->w);
+    if (reg.len == 0 || e->unexp_bytes + reg.len > UNEXP_MAX)
+        return -1;
+    if ((u = calloc(1, sizeof *u)) == NULL)
+        return -1;
+    if ((u->buf = malloc(reg.len)) == NULL) {
+        free(u);
+        return -1;
+    }
+    u->q = q;
+    u->len = reg.len;
+    memcpy(u->hdr, q->hdr, HDR_BYTES);
+    u->x.done = unexp_done;
+    u->x.buf = u->buf;
+    u->x.len = u->len;
+    if (c->tpo->post_recv(c->tp, q->peer, q->w, &u->x) != 0) {
+        free(u->buf);
+        free(u);
+        return -1;
+    }
+    e->unexp_bytes += u->len;
+    if (q->uq_tail != NULL)
+        q->uq_tail->next = u;
+    else
+        q->uq_head = u;
+    q->uq_tail = u;
+    return 0;
+}
+
+/* The wire's reader cannot post: whoever waits on it fails. */
+static void rx_fail(rxq *q, int rc)
+{
+    run *rs[3] = {q->coll != NULL ? q->coll->run : NULL,
+                  q->chk != NULL ? q->chk->run : NULL,
+                  q->p2p != NULL ? q->p2p->run : NULL};
+
+    for (int i = 0; i < 3; i++)
+        if (rs[i] != NULL && rs[i]->err == 0)
+            engine_fail(rs[i], rc,
+                        "rank %d: %s: cannot receive from peer %d: %s",
+                        q->c->rank, rs[i]->k->name, q->peer, weft_strerror(rc));
+}
+
+static void rx_hdr_done(weft__xfer *x);
+
+/* Moves q's stream on: hands a header that came to its taker, reads
+ * early messages, or posts the next header's read where someone waits
+ * for one. */
+static void rx_kick(rxq *q)
+{
+    weft__ctx *c = q->c;
+
+    for (;;) {
+        wstate *ws;
+        int p2p, rc;
+
+        if (q->state == RX_READING || q->state == RX_BUSY)
+            return;
+        if (q->state == RX_IDLE) {
+            if (q->coll == NULL && q->chk == NULL && q->p2p == NULL)
+                return;
+            q->x = (weft__xfer){0};
+            q->x.done = rx_hdr_done;
+            q->x.buf = (char *)q->hdr;
+            q->x.len = HDR_BYTES;
+            q->state = RX_READING;
+            if ((rc = c->tpo->post_recv(c->tp, q->peer, q->w, &q->x)) != 0) {
+                q->state = RX_IDLE;
+                rx_fail(q, rc);
+            }
+            return;
+        }
+        /* RX_HAVE */
+        p2p = weft__get_le32(q->hdr) == HDR_MAGIC && q->hdr[4] == WEFT__OP_P2P;
+        ws = p2p ? q->p2p : q->coll;
+        if (ws != NULL) {
+            if (p2p)
+                q->p2p = NULL;
+            else
+                q->coll = NULL;
+            q->state = RX_BUSY;
+            ws->r_owns = 1;
+            rx_deliver(ws, q->hdr);
+            weft__pump_lane(ws->run, ws->lane);
+            return;
+        }
+        if (!p2p && q->chk != NULL) {
+            check *k = q->chk;
+
+            q->chk = NULL;
+            q->state = RX_IDLE;
+            check_got(k, q->hdr);
+            continue;
+        }
+        if (p2p && (q->coll != NULL || q->chk != NULL) &&
+            unexp_read(c, q) == 0) {
+            q->state = RX_IDLE;
+            continue;
+        }
+        return; /* nobody started here takes it yet: the stream waits */
+    }
+}
+
+static void rx_hdr_done(weft__xfer *x)
+{
+    rxq *q = container_of(x, rxq, x);
+
+    q->state = RX_HAVE;
+    rx_kick(q);
+}
+
+/* A lane's wire asks for its header; 1 where it has it already. */
+int weft__rx_ask(run *r, wstate *ws)
+{
+    rxq *q = rxq_of(r->c, r->op.lanes[ws->lane].recv_peer, ws->w);
+
+    ws->r_asked = 1;
+    if (run_p2p(r)) {
+        if (q->uq_head != NULL) {
+            unexp_take(ws, q->uq_head);
+            return 1;
+        }
+        q->p2p = ws;
+    } else
+        q->coll = ws;
+    rx_kick(q);
+    return ws->r_hdr;
+}
+
+void weft__rx_release(weft__ctx *c, int peer, int w)
+{
+    rxq *q = rxq_of(c, peer, w);
+
+    q->state = RX_IDLE;
+    rx_kick(q);
+}
+
+/* 1 where ws may put its bytes on its wire's stream now; else it queues
+ * and is pumped again once the stream is its own. */
+int weft__tx_take(run *r, wstate *ws)
+{
+    txq *q = txq_of(r->c, r->op.lanes[ws->lane].send_peer, ws->w);
+
+    if (q->owner == ws)
+        return 1;
+    if (q->owner == NULL && q->head == NULL) {
+        q->owner = ws;
+        return 1;
+    }
+    if (!ws->s_queued) {
+        ws->s_queued = 1;
+        ws->s_wait = (txw){NULL, ws, NULL};
+        if (q->tail != NULL)
+            q->tail->next = &ws->s_wait;
+        else
+            q->head = &ws->s_wait;
+        q->tail = &ws->s_wait;
+    }
+    return 0;
+}
+
+/* The stream's owner posted its last frame: the next in line starts. */
+static void tx_next(weft__ctx *c, txq *q)
+{
+    while (q->owner == NULL && q->head != NULL) {
+        txw *w = q->head;
+
+        q->head = w->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        if (w->k != NULL) {
+            weft__check_send(w->k);
+            continue;
+        }
+        w->ws->s_queued = 0;
+        q->owner = w->ws;
+        weft__pump_lane(w->ws->run, w->ws->lane);
+    }
+    (void)c;
+}
+
+/* Forgets every stream's state (the transport was shut down: nothing is
+ * in flight), and frees the early messages. */
+void weft__wires_reset(weft__ctx *c)
+{
+    struct weft__engine *e = c->eng;
+    size_t n;
+
+    if (e == NULL || e->rx == NULL)
+        return;
+    n = (size_t)c->nranks * (size_t)e->maxw;
+    for (size_t i = 0; i < n; i++) {
+        rxq *q = &e->rx[i];
+        unexp *u = q->uq_head, *next;
+
+        for (; u != NULL; u = next) {
+            next = u->next;
+            free(u->buf);
+            free(u);
+        }
+        q->uq_head = q->uq_tail = NULL;
+        q->state = RX_IDLE;
+        q->coll = q->p2p = NULL;
+        q->chk = NULL;
+        e->tx[i] = (txq){0};
+    }
+    e->unexp_bytes = 0;
+}
+
+void weft__tx_done(run *r, wstate *ws)
+{
+    txq *q = txq_of(r->c, r->op.lanes[ws->lane].send_peer, ws->w);
+
+    if (q->owner == ws) {
+        q->owner = NULL;
+        tx_next(r->c, q);
+    }
+}
+
+void weft__rx_ask_check(check *k)
+{
+    rxq *q = rxq_of(k->run->c, k->peer, 0);
+
+    k->asked = 1;
+    q->chk = k;
+    rx_kick(q);
+}
+
+void weft__tx_check(check *k)
+{
+    txq *q = txq_of(k->run->c, k->peer, 0);
+
+    if (q->owner == NULL && q->head == NULL) {
+        weft__check_send(k);
+        return;
+    }
+    /* Behind another pass's bytes on the stream. */
+    k->s_wait = (txw){NULL, NULL, k};
+    if (q->tail != NULL)
+        q->tail->next = &k->s_wait;
+    else
+        q->head = &k->s_wait;
+    q->tail = &k->s_wait;
+}
+
+int weft__wires_init(weft__ctx *c, struct weft__engine *e)
+{
+    const size_t n = (size_t)c->nranks * (size_t)e->maxw;
+
+    e->rx = calloc(n, sizeof *e->rx);
+    e->tx = calloc(n, sizeof *e->tx);
+    if (e->rx == NULL || e->tx == NULL) {
+        free(e->rx);
+        free(e->tx);
+        e->rx = NULL;
+        e->tx = NULL;
+        return -1;
+    }
+    for (int p = 0; p < c->nranks; p++)
+        for (int w = 0; w < e->maxw; w++) {
+            rxq *q = &e->rx[(size_t)p * (size_t)e->maxw + (size_t)w];
+
+            q->c = c;
+            q->peer = p;
+            q->w = w;
+        }
+    return 0;
+}
