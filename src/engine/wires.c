@@ -82,6 +82,17 @@ static txq *txq_of(weft__ctx *c, int peer, int w)
     return &c->eng->tx[(size_t)peer * (size_t)c->eng->maxw + (size_t)w];
 }
 
+/* Puts w last in q's line for the stream. */
+static void txq_push(txq *q, txw *w)
+{
+    w->next = NULL;
+    if (q->tail != NULL)
+        q->tail->next = w;
+    else
+        q->head = w;
+    q->tail = w;
+}
+
 static int run_p2p(const run *r)
 {
     return r->k->kind == WEFT__OP_P2P;
@@ -353,11 +364,7 @@ int weft__tx_take(run *r, wstate *ws)
     if (!ws->s_queued) {
         ws->s_queued = 1;
         ws->s_wait = (txw){NULL, ws, NULL};
-        if (q->tail != NULL)
-            q->tail->next = &ws->s_wait;
-        else
-            q->head = &ws->s_wait;
-        q->tail = &ws->s_wait;
+        txq_push(q, &ws->s_wait);
     }
     return 0;
 }
@@ -439,11 +446,7 @@ void weft__tx_check(check *k)
     }
     /* Behind another pass's bytes on the stream. */
     k->s_wait = (txw){NULL, NULL, k};
-    if (q->tail != NULL)
-        q->tail->next = &k->s_wait;
-    else
-        q->head = &k->s_wait;
-    q->tail = &k->s_wait;
+    txq_push(q, &k->s_wait);
 }
 
 int weft__wires_init(weft__ctx *c, struct weft__engine *e)
