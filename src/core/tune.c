@@ -604,7 +604,12 @@ size_t weft__tune_print(const weft__tune *t, char *out, size_t len)
 
             if (r->op != op)
                 continue;
-            closed = r->lo == 0 && r->hi == NOLIMIT;
+            /* Past a row that takes every size, and every call, nothing
+             * runs (the box, the hierarchy and halving may turn a call
+             * down: the rows after them decide then). */
+            closed = r->lo == 0 && r->hi == NOLIMIT &&
+                     r->algo != WEFT__ALGO_BOX && r->algo != WEFT__ALGO_HIER &&
+                     r->algo != WEFT__ALGO_HALVING;
             put_size(b, sizeof b, r->lo);
             PUT("%s-", b);
             if (r->hi != NOLIMIT) {

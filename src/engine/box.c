@@ -126,7 +126,7 @@ int weft__box_poll(run *r)
                 c, &r->err, WEFT_EMISMATCH,
                 "rank %d: %s: peer %d runs it on frames where "
                 "this rank runs it in shared memory's box "
-                "(mismatched WEFT_BOX_BYTES?)",
+                "(mismatched WEFT_ALGO?)",
                 c->rank, r->k->name, p);
         if (rc == 2) {
             left_mid = left_mid < 0 ? p : left_mid;

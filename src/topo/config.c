@@ -27,7 +27,7 @@
  * kernel doubles, two full loopback segments. */
 #define SOCKBUF_MIN_BYTES (128 << 10)
 
-/* WEFT_BOX_BYTES unset (topo.h). */
+/* The box's bytes for nranks (topo.h). */
 static size_t box_bytes(int nranks)
 {
     size_t b = WEFT__BOX_READ_BYTES / (size_t)(nranks > 0 ? nranks : 1);
@@ -291,7 +291,7 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       size_t errlen)
 {
     const char *s;
-    long v, halving, doubling, pass_bytes, thread;
+    long v, pass_bytes, thread;
     int send_forced;
     weft__hostfile_out view;
     int rc, one_host;
@@ -333,15 +333,21 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       &v, errmsg, errlen)) != 0)
         return rc;
     cfg->min_wire_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
-                      WEFT__SMALL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->small_all_reduce_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", 0, 1L << 30,
-                      WEFT__MESH_SMALL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->mesh_small_all_reduce_bytes = (size_t)v;
+    /* The thresholds between algorithms: the tuning table's defaults
+     * (core/tune.c), which WEFT_ALGO overrides. */
+    cfg->small_all_reduce_bytes = WEFT__SMALL_ALL_REDUCE_BYTES;
+    cfg->mesh_small_all_reduce_bytes = WEFT__MESH_SMALL_ALL_REDUCE_BYTES;
+    cfg->box_bytes = box_bytes(cfg->nranks);
+    cfg->halving_fold_all_reduce_bytes = WEFT__HALVING_FOLD_ALL_REDUCE_BYTES;
+    cfg->hier = 1;
+    cfg->hier_all_reduce_bytes = WEFT__HIER_ALL_REDUCE_BYTES;
+    cfg->hier_all_gather_bytes = WEFT__HIER_ALL_GATHER_BYTES;
+    cfg->hier_reduce_scatter_bytes = WEFT__HIER_REDUCE_SCATTER_BYTES;
+    cfg->hier_broadcast_bytes = WEFT__HIER_BROADCAST_BYTES;
+    cfg->pull_all_reduce_bytes = WEFT__PULL_ALL_REDUCE_BYTES;
+    cfg->pull_all_gather_bytes = WEFT__PULL_ALL_GATHER_BYTES;
+    cfg->pull_reduce_scatter_bytes = WEFT__PULL_REDUCE_SCATTER_BYTES;
+    cfg->pull_broadcast_bytes = WEFT__PULL_BROADCAST_BYTES;
     if ((rc = env_int("WEFT_BIDIR_MIN_BYTES", 0, 1L << 40,
                       WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
@@ -355,45 +361,6 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errmsg, errlen)) != 0)
         return rc;
     pass_bytes = v;
-    if ((rc = env_int("WEFT_BOX_BYTES", 0, 1L << 30, -1, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->box_bytes = v >= 0 ? (size_t)v : box_bytes(cfg->nranks);
-    /* Unset: its default depends on the transport and the ranks (below). */
-    if ((rc = env_int("WEFT_DOUBLING_ALL_REDUCE_BYTES", 0, 1L << 30, -1, &v,
-                      errmsg, errlen)) != 0)
-        return rc;
-    doubling = v;
-    /* Unset: its default depends on the transport (below). */
-    if ((rc = env_int("WEFT_HALVING_ALL_REDUCE_BYTES", 0, 1L << 40, -1, &v,
-                      errmsg, errlen)) != 0)
-        return rc;
-    halving = v;
-    if ((rc = env_int("WEFT_HALVING_FOLD_ALL_REDUCE_BYTES", 0, 1L << 40,
-                      WEFT__HALVING_FOLD_ALL_REDUCE_BYTES, &v, errmsg,
-                      errlen)) != 0)
-        return rc;
-    cfg->halving_fold_all_reduce_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER", 0, 1, 1, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->hier = (int)v;
-    if ((rc = env_int("WEFT_HIER_ALL_REDUCE_BYTES", 0, 1L << 40,
-                      WEFT__HIER_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->hier_all_reduce_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_ALL_GATHER_BYTES", 0, 1L << 40,
-                      WEFT__HIER_ALL_GATHER_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->hier_all_gather_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_REDUCE_SCATTER_BYTES", 0, 1L << 40,
-                      WEFT__HIER_REDUCE_SCATTER_BYTES, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->hier_reduce_scatter_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_BROADCAST_BYTES", 0, 1L << 40,
-                      WEFT__HIER_BROADCAST_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->hier_broadcast_bytes = (size_t)v;
 
     rc = WEFT_OK;
     if (uc != NULL && uc->token != NULL)
@@ -457,13 +424,11 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
      * stays the one measured over cables. */
     one_host = cfg->nhosts == 1 && strcmp(cfg->transport, "tcp") == 0;
     cfg->halving_all_reduce_bytes =
-        halving >= 0           ? (size_t)halving
-        : one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
-        : one_host             ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
-                               : WEFT__HALVING_ALL_REDUCE_BYTES;
+        one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
+        : one_host           ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
+                             : WEFT__HALVING_ALL_REDUCE_BYTES;
     cfg->doubling_all_reduce_bytes =
-        doubling >= 0 ? (size_t)doubling
-        : one_host && cfg->shm && cfg->nranks >= WEFT__DOUBLING_WIDE_RANKS
+        one_host && cfg->shm && cfg->nranks >= WEFT__DOUBLING_WIDE_RANKS
             ? WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES
         : one_host && cfg->shm ? WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES
                                : WEFT__DOUBLING_ALL_REDUCE_BYTES;
@@ -484,10 +449,6 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       WEFT__DEFAULT_SHM_CMA_BYTES, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->shm_cma_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_PULL_ALL_REDUCE_BYTES", 0, 1L << 40,
-                      WEFT__PULL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->pull_all_reduce_bytes = (size_t)v;
     if ((rc = env_int("WEFT_HIER_PULL_ALL_REDUCE_BYTES", 0, 1L << 40,
                       WEFT__HIER_PULL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
         0)
@@ -503,19 +464,6 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                       errlen)) != 0)
         return rc;
     cfg->hier_pull_reduce_scatter_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_PULL_ALL_GATHER_BYTES", 0, 1L << 40,
-                      WEFT__PULL_ALL_GATHER_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->pull_all_gather_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_PULL_REDUCE_SCATTER_BYTES", 0, 1L << 40,
-                      WEFT__PULL_REDUCE_SCATTER_BYTES, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->pull_reduce_scatter_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_PULL_BROADCAST_BYTES", 0, 1L << 40,
-                      WEFT__PULL_BROADCAST_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->pull_broadcast_bytes = (size_t)v;
     if ((rc = env_int("WEFT_PULL_THREADS", 0, 64, -1, &v, errmsg, errlen)) != 0)
         return rc;
     cfg->pull_threads = v >= 0 ? (int)v : auto_pull_threads(cfg);

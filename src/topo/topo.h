@@ -10,7 +10,7 @@
 #include "base/base.h"
 
 #define WEFT__TOKEN_BYTES 16
-#define WEFT__MAX_WIRES 64       /* wires to one peer, all links together */
+#define WEFT__MAX_WIRES 64 /* wires to one peer, all links together */
 #define WEFT__MAX_RANKS 4096
 /* Most ranks a mesh job may have: one engine lane per peer. */
 #define WEFT__MESH_MAX_RANKS 17
@@ -30,8 +30,9 @@
  * memory (process_vm_readv) instead of copied through the ring. */
 #define WEFT__DEFAULT_SHM_RING_BYTES (256 * 1024)
 #define WEFT__DEFAULT_SHM_CMA_BYTES (64 * 1024)
-/* The all_reduce by one-copy reads (WEFT_PULL_ALL_REDUCE_BYTES, per rank,
- * count * size; coll/pull.c): where every rank is on this host and each
+/* The all_reduce by one-copy reads (coll/pull.c; WEFT_ALGO's "pull"), by
+ * default from PULL_ALL_REDUCE_BYTES per rank (count * size; WEFT_ALGO
+ * overrides it): where every rank is on this host and each
  * can read the others' memory, each rank reads its share of every peer's
  * input and reduces it, then reads every other share from its owner,
  * with WEFT_PULL_THREADS threads. Unset, the threads are the host's cores
@@ -43,8 +44,8 @@
  * docs/performance.md. */
 #define WEFT__PULL_ALL_REDUCE_BYTES (4 * 1024 * 1024)
 /* The same reads for all_gather (a rank's block), reduce_scatter (a
- * rank's block) and broadcast (the buffer): WEFT_PULL_ALL_GATHER_BYTES,
- * WEFT_PULL_REDUCE_SCATTER_BYTES, WEFT_PULL_BROADCAST_BYTES. On the
+ * rank's block) and broadcast (the buffer), by default from these sizes
+ * (WEFT_ALGO overrides them). On the
  * 16-core host (2, 4, 8 ranks; docs/performance.md) the all_gather led
  * the frames from blocks of 4-8 MiB (below, frames were as fast or
  * faster: their one-copy reads move the same bytes), the reduce_scatter
@@ -57,7 +58,7 @@
 #define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
 /* The hierarchical all_reduce (hosts of several ranks) by the same reads
  * within each host, its phase across the hosts on this rank's share in
- * between (WEFT_HIER_PULL_ALL_REDUCE_BYTES, per rank; coll/hier.c), and
+ * between (from WEFT_HIER_PULL_ALL_REDUCE_BYTES per rank; coll/hier.c), and
  * the hierarchical all_gather and reduce_scatter likewise (a rank's
  * block; WEFT_HIER_PULL_ALL_GATHER_BYTES,
  * WEFT_HIER_PULL_REDUCE_SCATTER_BYTES). On the 16-core host (reads /
@@ -68,8 +69,8 @@
  *   1.23-1.62x at 4 MiB; all_gather 0.86-1.04x at 256 KiB, 1.04-1.35x
  *   from 1 MiB; reduce_scatter 0.93-1.54x at 256 KiB, 1.19-2.10x from
  *   1 MiB;
- * - 2 "hosts" of 2 and 4 ranks in one namespace, joined over loopback
- *   (devbuild/hier2.sh): all_reduce 0.87-0.95x at 1 MiB, 1.02-1.04x at
+ * - 2 "hosts" of 2 and 4 ranks in one namespace, joined over loopback:
+ *   all_reduce 0.87-0.95x at 1 MiB, 1.02-1.04x at
  *   2 MiB, 1.30-1.56x from 4 MiB; all_gather 0.91-1.08x at 1 MiB,
  *   1.07-1.5x from 2 MiB; reduce_scatter 0.86-0.90x at 512 KiB,
  *   1.15-1.21x at 1 MiB, 1.66-1.98x from 2 MiB.
@@ -78,9 +79,10 @@
 #define WEFT__HIER_PULL_ALL_GATHER_BYTES (2 * 1024 * 1024)
 #define WEFT__HIER_PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8
-/* Default thresholds, each set by an environment variable of the same
- * name with one underscore (WEFT_SMALL_ALL_REDUCE_BYTES, ...), and
- * measured with bench/thresholds.
+/* Default thresholds, measured with bench/thresholds. Those between
+ * algorithms are where the tuning table's default rows (core/tune.c)
+ * switch, and WEFT_ALGO overrides them; WEFT_BIDIR_MIN_BYTES sets
+ * BIDIR_MIN_BYTES.
  * - Up to SMALL_ALL_REDUCE_BYTES gathered (count * size * nranks),
  *   all_reduce gathers every input and reduces locally in rank order: one
  *   exchange with every peer where all are directly connected, else n-1
@@ -114,17 +116,18 @@
  * doubling's log2(n) rounds of the whole vector lose to halving earlier:
  * at 16 ranks on the 16-core host, 16 KiB per rank took 35-51 us by
  * doubling and 26-29 by halving, 32 KiB 55-62 against 36-40, and the two
- * tie at 4-8 KiB (docs/performance.md, "Run 4"). */
+ * tie at 4-8 KiB (docs/performance.md, "Recursive doubling"). */
 #define WEFT__DOUBLING_WIDE_RANKS 16
 /* Ranks all of one host, through shared memory: an all_reduce of up to
- * WEFT_BOX_BYTES (count * size), an all_gather of blocks that small, a
+ * the box's bytes (count * size), an all_gather of blocks that small, a
  * broadcast of that many bytes, a reduce_scatter whose whole input is
  * that small, and the barrier go through the box (a slot per rank and
  * call, engine.h), whose messages hold BOX_MAX_BYTES after the call's
- * header. Each rank reads every other's message, so unset, the size is
- * BOX_READ_BYTES / nranks, within BOX_MIN_BYTES .. BOX_MAX_BYTES: 2048 up
- * to 8 ranks, 1024 at 16. On the 16-core host (devbuild/p25.sh,
- * p26.sh; docs/performance.md, "Run 14") the box at those sizes took
+ * header. Each rank reads every other's message, so by default the size
+ * is BOX_READ_BYTES / nranks, within BOX_MIN_BYTES .. BOX_MAX_BYTES: 2048
+ * up to 8 ranks, 1024 at 16 (WEFT_ALGO overrides it, up to BOX_MAX_BYTES).
+ * On the 16-core host (docs/performance.md, "The box") the box at those
+ * sizes took
  * 0.2-0.9x the frames' time from 256 B at 2 to 16 ranks (all_reduce,
  * all_gather, reduce_scatter, broadcast), where 192 had been the default;
  * at 16 ranks a 2 KiB all_reduce took longer in the box than on frames. */
@@ -136,15 +139,15 @@
  * switch is at 16 KiB: on the 16-core host (3 alternating rounds of 400
  * calls, 61ba9cf) 32 KiB per rank took 29.7-33.0 us by doubling and
  * 23.6-25.5 by halving at 8 ranks, 18.9 against 17.1-17.3 at 4; at 16 KiB
- * the two were within 10% (docs/performance.md, "Run 6"). */
+ * the two were within 10% (docs/performance.md, "Recursive doubling"). */
 #define WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES (16 * 1024)
 #define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
 /* The same where every rank of the job is on one host: there the ring's
  * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through
  * shared memory and up to 1 MiB over loopback TCP (16-core host, 8 ranks,
  * 512 KiB: 0.5-1.0 GB/s busbw by the ring, 2.7-4.5 by halving through
- * shared memory, 1.5-2.0 over TCP; docs/performance.md, "Shared memory:
- * thresholds"). */
+ * shared memory, 1.5-2.0 over TCP; docs/performance.md, "Recursive
+ * halving + doubling: the mid-size cliff"). */
 #define WEFT__HALVING_SHM_ALL_REDUCE_BYTES (8 * 1024 * 1024)
 #define WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES (1024 * 1024)
 #define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
@@ -153,21 +156,23 @@
  * a reduce-scatter among each host's ranks, an all_reduce of each chunk
  * among the ranks that hold it (one per host) over the cables, and an
  * all-gather within each host, so each byte crosses a cable once per host
- * instead of once per rank (WEFT_HIER=0 keeps the flat algorithms at every
- * size). */
+ * instead of once per rank. The default; WEFT_ALGO overrides it (rows
+ * without "hier" keep the flat algorithms at every size). */
 #define WEFT__HIER_ALL_REDUCE_BYTES (64 * 1024)
 /* (The defaults: where the hierarchical path wins on 2 hosts x 2 ranks
  * and a cable shaped to 5 Gbit/s, docs/performance.md.) The same hosts:
  * all_gather and reduce_scatter from this many bytes per
  * rank's block (count * size) run hierarchically, all_gather across the
- * hosts then within each host, reduce_scatter the mirror (coll/hier.h). */
+ * hosts then within each host, reduce_scatter the mirror (coll/hier.h).
+ * The defaults; WEFT_ALGO overrides them. */
 #define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
 #define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
 /* The same hosts with the mesh in effect: broadcast of this many bytes
  * (count * size) and more runs the ring's chain instead of the mesh's
  * scatter + all-gather. A host's ranks are consecutive on the ring, so
  * each byte crosses each cable once, where the mesh's all-gather sends
- * every rank's chunk to every rank of every other host (L times). */
+ * every rank's chunk to every rank of every other host (L times). The
+ * default; WEFT_ALGO overrides it. */
 #define WEFT__HIER_BROADCAST_BYTES (64 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
@@ -191,14 +196,13 @@
  * 16-core host (bench/tcp-bound stream -T). Unset, on where the host has
  * REDUCE_THREAD_CORES cores per rank (as the reducer). Below the pass size
  * the hand-over costs more than it overlaps: 2 and 4 ranks, 128 KiB to 1
- * MiB, 1.05-1.4x more without it (devbuild/p16.sh); a ring's passes
+ * MiB, 1.05-1.4x more without it; a ring's passes
  * from 1 MiB up gain (4 ranks, 2-8 MiB: 1.05-1.2x). Where the host has
  * fewer than SEND_THREAD_CORES cores per rank, one for each busy thread
  * (progress, reducer, sender), the three share them, and the pass size is
  * SHARED_PASS_BYTES: 8 ranks on that host over loopback, all_reduce from
- * 512 KiB to 8 MiB moved 1.1-1.3x more without the thread (p16.sh,
- * p20.sh), 32-64 MiB 0.98-1.19x as much with it (p19.sh to p22.sh:
- * medians of 3-5 rounds). */
+ * 512 KiB to 8 MiB moved 1.1-1.3x more without the thread, 32-64 MiB
+ * 0.98-1.19x as much with it (medians of 3-5 rounds). */
 #define WEFT__SEND_THREAD_MIN_BYTES (64 * 1024)
 #define WEFT__SEND_THREAD_PASS_BYTES (1024 * 1024)
 #define WEFT__SEND_THREAD_CORES 3
@@ -215,8 +219,8 @@
 #define WEFT__REDUCE_THREAD_SHM_PASS_BYTES (2 * 1024 * 1024)
 /* The same over loopback TCP (every rank on one host, shared memory off):
  * 2 ranks, whose ring reduces half the call in one pass, moved 1.4-1.5x
- * more at 128-512 KiB without the thread, the same from 1 MiB
- * (devbuild/p16.sh); larger rank counts run recursive halving there,
+ * more at 128-512 KiB without the thread, the same from 1 MiB; larger
+ * rank counts run recursive halving there,
  * which never uses it. */
 #define WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES (1024 * 1024)
 
@@ -249,11 +253,11 @@ typedef struct weft__config {
     int nranks;
     int timeout_ms;
     int connect_timeout_ms;
-    int wires;          /* connections per peer per link */
-    size_t frame_bytes; /* pipeline frame size */
-    int sockbuf_bytes;  /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
-    int spin_us;        /* poll this long before sleeping in a wait */
-    size_t min_wire_bytes;        /* plan.h */
+    int wires;             /* connections per peer per link */
+    size_t frame_bytes;    /* pipeline frame size */
+    int sockbuf_bytes;     /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
+    int spin_us;           /* poll this long before sleeping in a wait */
+    size_t min_wire_bytes; /* plan.h */
     size_t small_all_reduce_bytes; /* see the defaults above */
     size_t mesh_small_all_reduce_bytes;
     size_t bidir_min_bytes;
@@ -261,37 +265,37 @@ typedef struct weft__config {
     size_t doubling_all_reduce_bytes; /* per rank, as the two below */
     size_t halving_all_reduce_bytes;
     size_t halving_fold_all_reduce_bytes;
-    int hier;                     /* WEFT_HIER: 0 keeps the flat path */
-    size_t hier_all_reduce_bytes; /* per rank, see the default above */
+    int hier; /* 1: the default table has the hierarchical rows */
+    size_t hier_all_reduce_bytes;     /* per rank, see the default above */
     size_t hier_all_gather_bytes;     /* a rank's block, likewise */
     size_t hier_reduce_scatter_bytes; /* a rank's block, likewise */
     size_t hier_broadcast_bytes;      /* the buffer (count * size) */
-    int hier_local; /* weft__hier_local(): ranks per host, or 0 */
+    int hier_local;    /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int own_core;      /* 1: ... at least 1 */
     int reduce_thread; /* 1: large reduced frames go to the reducer thread */
-    size_t reduce_thread_min_bytes; /* ... from this many bytes on */
+    size_t reduce_thread_min_bytes;  /* ... from this many bytes on */
     size_t reduce_thread_pass_bytes; /* ... in passes that reduce this many */
     int send_thread; /* 1: large batches of TCP sends leave from a thread */
     size_t send_thread_min_bytes;  /* ... from this many bytes on */
     size_t send_thread_pass_bytes; /* ... in passes that send this many */
-    char transport[16]; /* "tcp" or "ibverbs" */
-    int ib_slots;         /* ibverbs: staging slots per queue pair */
-    size_t ib_slot_bytes; /* ibverbs: bytes per slot */
-    char ib_device[64];   /* ibverbs: WEFT_IB_DEVICE, "" if unset */
-    int shm;              /* tcp: ranks of one host use shared memory */
+    char transport[16];            /* "tcp" or "ibverbs" */
+    int ib_slots;                  /* ibverbs: staging slots per queue pair */
+    size_t ib_slot_bytes;          /* ibverbs: bytes per slot */
+    char ib_device[64];            /* ibverbs: WEFT_IB_DEVICE, "" if unset */
+    int shm;               /* tcp: ranks of one host use shared memory */
     size_t shm_ring_bytes; /* shm: bytes of each direction's ring */
     size_t shm_cma_bytes;  /* shm: frames this big go by one copy (0: never) */
     size_t pull_all_reduce_bytes; /* the one-copy all_reduce from (0: off) */
     size_t pull_all_gather_bytes; /* ... all_gather (a rank's block) */
-    size_t pull_reduce_scatter_bytes; /* ... reduce_scatter (likewise) */
-    size_t pull_broadcast_bytes;      /* ... broadcast (the buffer) */
+    size_t pull_reduce_scatter_bytes;  /* ... reduce_scatter (likewise) */
+    size_t pull_broadcast_bytes;       /* ... broadcast (the buffer) */
     size_t hier_pull_all_reduce_bytes; /* ... within hosts of a hier one */
     size_t hier_pull_all_gather_bytes; /* ... of a hier all_gather (block) */
     size_t hier_pull_reduce_scatter_bytes; /* ... reduce_scatter (block) */
-    int pull_threads; /* their threads per rank (0: off) */
-    char topology[16];  /* "ring", "mesh" or "auto", as asked */
-    int mesh;           /* 1: the topology in effect is the mesh */
+    int pull_threads;                      /* their threads per rank (0: off) */
+    char topology[16]; /* "ring", "mesh" or "auto", as asked */
+    int mesh;          /* 1: the topology in effect is the mesh */
     uint8_t token[WEFT__TOKEN_BYTES];
     char hostfile[1024];
     int nhosts;

@@ -39,12 +39,25 @@ static int g_ctl_fd = -1;
 static void *g_shm;
 
 static const char *const launcher_vars[] = {
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "PMI_FD",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "PMI_FD",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_LOCALID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
 };
 
 int mp_threads(void)
@@ -145,16 +158,26 @@ void mp_log(const char *fmt, ...)
 const char *mp_dtype_name(weft_dtype dtype)
 {
     switch (dtype) {
-    case WEFT_INT8: return "int8";
-    case WEFT_UINT8: return "uint8";
-    case WEFT_INT32: return "int32";
-    case WEFT_UINT32: return "uint32";
-    case WEFT_INT64: return "int64";
-    case WEFT_UINT64: return "uint64";
-    case WEFT_FLOAT16: return "float16";
-    case WEFT_BFLOAT16: return "bfloat16";
-    case WEFT_FLOAT32: return "float32";
-    case WEFT_FLOAT64: return "float64";
+    case WEFT_INT8:
+        return "int8";
+    case WEFT_UINT8:
+        return "uint8";
+    case WEFT_INT32:
+        return "int32";
+    case WEFT_UINT32:
+        return "uint32";
+    case WEFT_INT64:
+        return "int64";
+    case WEFT_UINT64:
+        return "uint64";
+    case WEFT_FLOAT16:
+        return "float16";
+    case WEFT_BFLOAT16:
+        return "bfloat16";
+    case WEFT_FLOAT32:
+        return "float32";
+    case WEFT_FLOAT64:
+        return "float64";
     }
     return "dtype?";
 }
@@ -162,10 +185,14 @@ const char *mp_dtype_name(weft_dtype dtype)
 const char *mp_op_name(weft_redop op)
 {
     switch (op) {
-    case WEFT_SUM: return "sum";
-    case WEFT_PROD: return "prod";
-    case WEFT_MIN: return "min";
-    case WEFT_MAX: return "max";
+    case WEFT_SUM:
+        return "sum";
+    case WEFT_PROD:
+        return "prod";
+    case WEFT_MIN:
+        return "min";
+    case WEFT_MAX:
+        return "max";
     }
     return "op?";
 }
@@ -261,14 +288,30 @@ int mp_canary_ok(const void *buf, size_t nbytes)
 void mp_put_value(weft_dtype dtype, void *buf, size_t i, double v)
 {
     switch (dtype) {
-    case WEFT_INT8: PUT_AS(int8_t); break;
-    case WEFT_UINT8: PUT_AS(uint8_t); break;
-    case WEFT_INT32: PUT_AS(int32_t); break;
-    case WEFT_UINT32: PUT_AS(uint32_t); break;
-    case WEFT_INT64: PUT_AS(int64_t); break;
-    case WEFT_UINT64: PUT_AS(uint64_t); break;
-    case WEFT_FLOAT32: PUT_AS(float); break;
-    case WEFT_FLOAT64: PUT_AS(double); break;
+    case WEFT_INT8:
+        PUT_AS(int8_t);
+        break;
+    case WEFT_UINT8:
+        PUT_AS(uint8_t);
+        break;
+    case WEFT_INT32:
+        PUT_AS(int32_t);
+        break;
+    case WEFT_UINT32:
+        PUT_AS(uint32_t);
+        break;
+    case WEFT_INT64:
+        PUT_AS(int64_t);
+        break;
+    case WEFT_UINT64:
+        PUT_AS(uint64_t);
+        break;
+    case WEFT_FLOAT32:
+        PUT_AS(float);
+        break;
+    case WEFT_FLOAT64:
+        PUT_AS(double);
+        break;
     case WEFT_BFLOAT16: {
         /* The top half of the float32: exact for the small integers used. */
         float f = (float)v;
@@ -286,14 +329,22 @@ void mp_put_value(weft_dtype dtype, void *buf, size_t i, double v)
 double mp_get_value(weft_dtype dtype, const void *buf, size_t i)
 {
     switch (dtype) {
-    case WEFT_INT8: GET_AS(int8_t);
-    case WEFT_UINT8: GET_AS(uint8_t);
-    case WEFT_INT32: GET_AS(int32_t);
-    case WEFT_UINT32: GET_AS(uint32_t);
-    case WEFT_INT64: GET_AS(int64_t);
-    case WEFT_UINT64: GET_AS(uint64_t);
-    case WEFT_FLOAT32: GET_AS(float);
-    case WEFT_FLOAT64: GET_AS(double);
+    case WEFT_INT8:
+        GET_AS(int8_t);
+    case WEFT_UINT8:
+        GET_AS(uint8_t);
+    case WEFT_INT32:
+        GET_AS(int32_t);
+    case WEFT_UINT32:
+        GET_AS(uint32_t);
+    case WEFT_INT64:
+        GET_AS(int64_t);
+    case WEFT_UINT64:
+        GET_AS(uint64_t);
+    case WEFT_FLOAT32:
+        GET_AS(float);
+    case WEFT_FLOAT64:
+        GET_AS(double);
     case WEFT_BFLOAT16: {
         uint16_t b;
         memcpy(&b, (const char *)buf + 2 * i, 2);
@@ -308,8 +359,7 @@ double mp_get_value(weft_dtype dtype, const void *buf, size_t i)
     return 0;
 }
 
-size_t mp_first_diff(const void *a, const void *b, size_t count,
-                     size_t esize)
+size_t mp_first_diff(const void *a, const void *b, size_t count, size_t esize)
 {
     const unsigned char *pa = a, *pb = b;
     if (memcmp(pa, pb, count * esize) == 0)
@@ -410,10 +460,67 @@ int mp_small_all_reduce(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
     return fail;
 }
 
+int mp_low_algo(char *out, size_t len, int nranks, enum mp_layout layout,
+                const char *topology, int shm, size_t gathered,
+                const char *first)
+{
+    enum { RING, DIRECT, MESH } on;
+    const size_t n = (size_t)nranks;
+    const int pow2 = (nranks & (nranks - 1)) == 0;
+    size_t at = 0;
+
+#define ROWS(...)                                                              \
+    do {                                                                       \
+        int k_ = snprintf(out + at, at < len ? len - at : 0, __VA_ARGS__);     \
+        if (k_ < 0 || (size_t)k_ >= len - at)                                  \
+            return -1;                                                         \
+        at += (size_t)k_;                                                      \
+    } while (0)
+    if (nranks < 2 || nranks > 8 || len == 0)
+        return -1;
+    if (strcmp(topology, "ring") == 0)
+        on = RING;
+    else if (layout == MP_LAYOUT_ONE_HOST)
+        on = strcmp(topology, "mesh") == 0 ? MESH : DIRECT;
+    else if (layout == MP_LAYOUT_PAIRS)
+        on = MESH;
+    else if (layout == MP_LAYOUT_RING && nranks >= 4 &&
+             strcmp(topology, "auto") == 0)
+        on = RING;
+    else
+        return -1;
+    ROWS("all_reduce:");
+    if (layout == MP_LAYOUT_ONE_HOST && shm) {
+        /* The box's default: 16 KiB / n, from 192 to 2048 bytes. */
+        size_t box = 16384 / n < 192    ? 192
+                     : 16384 / n > 2048 ? 2048
+                                        : 16384 / n;
+        ROWS("0-%zu=box,", box);
+    }
+    if (first != NULL)
+        ROWS("%s,", first);
+    if (on == MESH)
+        ROWS("0-%zu=gather,0-=mesh", (size_t)4096 / n);
+    else if (on == RING)
+        ROWS("0-%zu=gather,0-=ring", gathered / n);
+    else {
+        if (pow2)
+            ROWS("0-1024=doubling,");
+        ROWS("0-%zu=gather,", gathered / n);
+        /* Recursive halving + doubling from 4 ranks: up to 8 MiB per rank
+         * over shared memory, 1 MiB over loopback TCP, 64 KiB where n is
+         * not a power of two. */
+        if (nranks >= 4)
+            ROWS("0-%s=halving,", !pow2 ? "64k" : shm ? "8m" : "1m");
+        ROWS("0-=ring");
+    }
+#undef ROWS
+    return 0;
+}
+
 static void clear_launcher_env(void)
 {
-    for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0];
-         i++)
+    for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0]; i++)
         unsetenv(launcher_vars[i]);
 }
 
@@ -475,8 +582,9 @@ int mp_write_hostfile(const char *path, const int *ports, int n)
         mp_log("cannot write %s: %s", path, strerror(errno));
         return -1;
     }
-    fprintf(f, "{\"port\": %d, \"hosts\": [{\"name\": \"localhost\", "
-               "\"ranks\": %d, \"ports\": [",
+    fprintf(f,
+            "{\"port\": %d, \"hosts\": [{\"name\": \"localhost\", "
+            "\"ranks\": %d, \"ports\": [",
             ports[0], n);
     for (int i = 0; i < n; i++)
         fprintf(f, "%s%d", i ? ", " : "", ports[i]);
@@ -540,8 +648,8 @@ static void make_token(char out[33])
     if (fd >= 0)
         close(fd);
     if (got != (ssize_t)sizeof raw) {
-        uint64_t x = mp_hash64((uint64_t)getpid() << 32 ^
-                               (uint64_t)(mp_now_ms() * 1e3));
+        uint64_t x =
+            mp_hash64((uint64_t)getpid() << 32 ^ (uint64_t)(mp_now_ms() * 1e3));
         for (size_t i = 0; i < sizeof raw; i++)
             raw[i] = (unsigned char)(mp_hash64(x + i) >> 56);
     }
@@ -563,9 +671,9 @@ void *mp_shm(void)
                 abort();
             }
         }
-        void *p = mmap(NULL, MP_SHM_BYTES, PROT_READ | PROT_WRITE,
-                       fd >= 0 ? MAP_SHARED : MAP_SHARED | MAP_ANONYMOUS, fd,
-                       0);
+        void *p =
+            mmap(NULL, MP_SHM_BYTES, PROT_READ | PROT_WRITE,
+                 fd >= 0 ? MAP_SHARED : MAP_SHARED | MAP_ANONYMOUS, fd, 0);
         if (fd >= 0)
             close(fd);
         if (p == MAP_FAILED) {
@@ -600,8 +708,8 @@ void mp_point(int point)
 
 static void child_setup_signals(void)
 {
-    static const int sigs[] = {SIGSEGV, SIGBUS,  SIGFPE,  SIGILL, SIGABRT,
-                               SIGPIPE, SIGTERM, SIGINT,  SIGALRM, SIGCHLD,
+    static const int sigs[] = {SIGSEGV, SIGBUS,  SIGFPE, SIGILL,  SIGABRT,
+                               SIGPIPE, SIGTERM, SIGINT, SIGALRM, SIGCHLD,
                                SIGUSR1, SIGUSR2, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         signal(sigs[i], SIG_DFL);
@@ -818,8 +926,8 @@ int mp_run(const struct mp_opts *o, mp_rank_fn fn, void *arg,
     fflush(NULL);
     pid_t parent = getpid();
     double start = mp_now_ms();
-    int deadline_ms = o->deadline_ms > 0 ? o->deadline_ms
-                                         : MP_DEFAULT_DEADLINE_MS;
+    int deadline_ms =
+        o->deadline_ms > 0 ? o->deadline_ms : MP_DEFAULT_DEADLINE_MS;
     int nforked = 0;
     for (int r = 0; r < n; r++) {
         pid_t pid = fork();
@@ -929,8 +1037,7 @@ int mp_run_timed(const struct mp_opts *o, mp_rank_fn fn, void *arg,
                        res->rank[r].exit_code == MP_EXIT_STALLED;
         if (!stalled || attempt == 3)
             return 0;
-        mp_log("%s: a rank was stalled by the machine; running it again",
-               what);
+        mp_log("%s: a rank was stalled by the machine; running it again", what);
     }
 }
 
@@ -966,8 +1073,8 @@ const char *mp_describe(const struct mp_result *res, char *buf, size_t len)
             m = snprintf(buf + off, len - off, "rank %d: exit %d; ", r,
                          rr->exit_code);
         else if (rr->signaled)
-            m = snprintf(buf + off, len - off, "rank %d: signal %d (%s)%s; ",
-                         r, rr->signo, strsignal(rr->signo),
+            m = snprintf(buf + off, len - off, "rank %d: signal %d (%s)%s; ", r,
+                         rr->signo, strsignal(rr->signo),
                          rr->lingered    ? ", lingered"
                          : rr->by_action ? ", by action"
                                          : "");

@@ -103,14 +103,14 @@ struct mp_opts {
 
 struct mp_rank_result {
     pid_t pid;
-    int exited;      /* it called _exit/exit: exit_code is valid */
+    int exited; /* it called _exit/exit: exit_code is valid */
     int exit_code;
-    int signaled;    /* it died of a signal: signo is valid */
+    int signaled; /* it died of a signal: signo is valid */
     int signo;
-    int deadline;    /* still running at the deadline: SIGKILLed by mp_run */
-    int lingered;    /* a linger_mask rank SIGKILLed once the others ended */
-    int by_action;   /* SIGKILLed by an MP_ACT_SIGKILL action */
-    int last_point;  /* last point it reached, -1 if none */
+    int deadline;   /* still running at the deadline: SIGKILLed by mp_run */
+    int lingered;   /* a linger_mask rank SIGKILLed once the others ended */
+    int by_action;  /* SIGKILLed by an MP_ACT_SIGKILL action */
+    int last_point; /* last point it reached, -1 if none */
 };
 
 struct mp_result {
@@ -223,8 +223,7 @@ void mp_put_value(weft_dtype dtype, void *buf, size_t i, double v);
 double mp_get_value(weft_dtype dtype, const void *buf, size_t i);
 /* Index of the first of count elements of esize bytes where a and b
  * differ, or count when they are equal. */
-size_t mp_first_diff(const void *a, const void *b, size_t count,
-                     size_t esize);
+size_t mp_first_diff(const void *a, const void *b, size_t count, size_t esize);
 
 /* Failure reports for scenarios; each prints one line naming the rank and
  * returns 1 (so `return mp_report_rc(...)` fails the scenario). `what`
@@ -249,6 +248,23 @@ double mp_small_elem(int r, size_t i);
 double mp_small_expect(weft_redop op, int n, size_t i);
 int mp_small_all_reduce(weft_comm *c, weft_dtype dt, weft_redop op, size_t n,
                         int inplace, int rank, int nranks);
+
+/* WEFT_ALGO's all_reduce rows for the low thresholds under which
+ * test_collectives' and test_nonblocking's modest counts take every path:
+ * the default rows (weft_info's; src/core/tune.c) of a job of nranks (2
+ * to 8) under WEFT_TOPOLOGY topology, but the one-exchange gather only up
+ * to `gathered` bytes in all (count * size * nranks; 4096 where the mesh
+ * is in effect) and recursive doubling only up to 1 KiB per rank. The
+ * layouts: one host (shm: shared memory on, so the box takes its small
+ * calls first), hosts of two ranks (MP_LAYOUT_PAIRS, the mesh in effect
+ * unless topology is "ring"), and a ring of 4 or more hosts of one rank
+ * (MP_LAYOUT_RING, topology "auto": the ring in effect). `first`, where
+ * not NULL, goes into the rows after the box's: rows that force another
+ * algorithm, such as "0-=hier". Writes "all_reduce:..." into out (len
+ * bytes); 0, or -1 where the job is none of those. */
+int mp_low_algo(char *out, size_t len, int nranks, enum mp_layout layout,
+                const char *topology, int shm, size_t gathered,
+                const char *first);
 
 /* Removes every WEFT_* variable and the launcher variables weft_init also
  * reads (OMPI_COMM_WORLD_*, PMI_*, SLURM_*, RANK, WORLD_SIZE, ...). */

@@ -1,7 +1,7 @@
 /*
  * The box: where every rank is on one host with shared memory, a small
- * all_reduce (up to WEFT_BOX_BYTES: by default 2048 bytes up to 8 ranks,
- * and at most 2048 whatever it says), an all_gather of
+ * all_reduce (by default up to 2048 bytes up to 8 ranks, and at most 2048
+ * whatever WEFT_ALGO says), an all_gather of
  * blocks that small and the barrier go through a slot per rank and call
  * instead of frames. As a user sees it:
  * the same results as the frames give, at the box's edge too; calls that
@@ -27,8 +27,8 @@
 
 #define TIMEOUT_MS 30000
 #define PROMPT_MS 10000
-/* The box's edge where WEFT_BOX_BYTES is unset, at 2 to 8 ranks (README),
- * and the most a box message holds whatever it says. */
+/* The box's edge by default, at 2 to 8 ranks (README), and the most a box
+ * message holds whatever WEFT_ALGO says. */
 #define BOX_DEFAULT_BYTES 2048
 #define BOX_MAX_BYTES 2048
 
@@ -146,31 +146,40 @@ static int results_rank(int rank, int nranks, void *arg)
     return weft_finalize(c) != WEFT_OK || fail;
 }
 
-/* fn at the box's edge: the default's at 2 to 4 ranks, then a smaller
- * WEFT_BOX_BYTES, and one larger than a message holds (its edge is the
- * message's). */
+/* WEFT_ALGO at 3 ranks: the default rows (weft_info's) but the box's only
+ * up to 192 bytes (the buffer; a reduce_scatter's whole input). */
+#define ALGO_BOX_192_RANKS3                                                    \
+    "all_reduce:0-192=box,0-10922=gather,0-=ring;"                             \
+    "all_gather:0-192=box,0-=ring;reduce_scatter:0-64=box,0-=ring;"            \
+    "broadcast:0-192=box,0-=ring"
+
+/* fn at the box's edge: the default's at 2 to 4 ranks, then the box only
+ * up to 192 bytes, and the box at every size, where its edge is the
+ * message's (at 2 ranks: the default rows with the box's unbounded). */
 static void run_edges(mp_rank_fn fn, const char *what)
 {
     static const struct {
-        const char *env;
+        const char *algo; /* WEFT_ALGO */
         int nranks;
         size_t edge;
     } runs[] = {{NULL, 2, BOX_DEFAULT_BYTES},
                 {NULL, 3, BOX_DEFAULT_BYTES},
                 {NULL, 4, BOX_DEFAULT_BYTES},
-                {"192", 3, 192},
-                {"1000000", 2, BOX_MAX_BYTES}};
-    char name[128];
+                {ALGO_BOX_192_RANKS3, 3, 192},
+                {"all_reduce:0-=box,0-16k=doubling,0-16k=gather,0-=ring;"
+                 "all_gather:0-=box;reduce_scatter:0-=box;broadcast:0-=box",
+                 2, BOX_MAX_BYTES}};
+    char name[384];
 
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         size_t edge = runs[i].edge;
 
-        if (runs[i].env != NULL)
-            setenv("WEFT_BOX_BYTES", runs[i].env, 1);
-        snprintf(name, sizeof name, "%s, %d ranks, WEFT_BOX_BYTES %s", what,
-                 runs[i].nranks, runs[i].env ? runs[i].env : "unset");
+        if (runs[i].algo != NULL)
+            setenv("WEFT_ALGO", runs[i].algo, 1);
+        snprintf(name, sizeof name, "%s, %d ranks, WEFT_ALGO %s", what,
+                 runs[i].nranks, runs[i].algo ? runs[i].algo : "unset");
         run_job(runs[i].nranks, TIMEOUT_MS, fn, &edge, name);
-        unsetenv("WEFT_BOX_BYTES");
+        unsetenv("WEFT_ALGO");
     }
 }
 
@@ -281,7 +290,7 @@ Test(box, a_call_in_the_box_against_one_on_frames, .timeout = 120)
 struct gone_case {
     int late;    /* 0: the last rank is killed; 1: it calls late */
     int barrier; /* the call: a barrier, else an all_reduce of 8 bytes */
-    int box_off; /* WEFT_BOX_BYTES=0: the same on frames */
+    int box_off; /* WEFT_ALGO without the box: the same on frames */
 };
 
 #define LATE_DEADLINE_MS 1500
@@ -341,9 +350,15 @@ static void run_gone(const struct gone_case *gc, int nranks)
     char buf[1024];
 
     setenv("WEFT_SHM", "1", 1);
-    setenv("WEFT_BOX_BYTES", gc->box_off ? "0" : "192", 1);
+    /* The all_reduce's rows without the box: the default's gather (32 KiB
+     * gathered), then the ring. */
+    setenv("WEFT_ALGO",
+           gc->box_off ? "all_reduce:0-10922=gather,0-=ring;all_gather:ring;"
+                         "reduce_scatter:ring;broadcast:ring"
+                       : ALGO_BOX_192_RANKS3,
+           1);
     cr_assert_eq(mp_run(&o, gone_rank, (void *)gc, &res), 0);
-    unsetenv("WEFT_BOX_BYTES");
+    unsetenv("WEFT_ALGO");
     cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
 }
 
@@ -369,7 +384,7 @@ Test(box, a_late_peer_is_the_deadline_and_named, .timeout = 120)
     run_gone(&on_frames, 3);
     for (int r = 0; r < 2; r++)
         cr_assert(strstr(shm()->msg[r], "shared memory") == NULL,
-                  "WEFT_BOX_BYTES=0, rank %d: %s", r, shm()->msg[r]);
+                  "all_reduce without the box, rank %d: %s", r, shm()->msg[r]);
 }
 
 /* ---- a peer killed just after its call ---- */

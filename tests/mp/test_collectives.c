@@ -38,15 +38,24 @@ static int coll_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
-/* small: WEFT_SMALL_ALL_REDUCE_BYTES for the job ("4096" unless set
- * outside). */
+/* Rows that a job forces besides the low thresholds' (mp_low_algo): into
+ * all_reduce's after the box's, and other operations' ("all_gather:...;
+ * ..."); NULL: none. */
+static const char *algo_first, *algo_more;
+
+/* small: all_reduce's one-exchange gather up to this many bytes in all
+ * (count * size * nranks) around the ring and among one host's ranks. */
 static void run_job_layout(int nranks, int wires, const char *topology,
-                           const char *small, enum mp_layout layout)
+                           size_t small, enum mp_layout layout)
 {
+    const char *shm;
+    char algo[1024];
+
     /* Ranks of one host use shared memory, one wire per peer whatever
      * WEFT_WIRES says; several wires are TCP's (shared memory off). */
     if (wires > 1)
         setenv("WEFT_SHM", "0", 1);
+    shm = getenv("WEFT_SHM");
     /* Keep an outer setting; otherwise small frames keep the test fast. */
     setenv("WEFT_FRAME_BYTES", "65536", 0);
     /* Low thresholds, so that these modest counts run every path: several
@@ -55,9 +64,15 @@ static void run_job_layout(int nranks, int wires, const char *topology,
      * around the ring or direct in the mesh). */
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
-    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", small, 0);
-    setenv("WEFT_DOUBLING_ALL_REDUCE_BYTES", "1024", 0);
-    setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    cr_assert_eq(mp_low_algo(algo, sizeof algo, nranks, layout, topology,
+                             shm == NULL || strcmp(shm, "0") != 0, small,
+                             algo_first),
+                 0);
+    if (algo_more != NULL)
+        snprintf(algo + strlen(algo), sizeof algo - strlen(algo), ";%s",
+                 algo_more);
+    /* The rows fit this job's layout alone, so an outer WEFT_ALGO goes. */
+    setenv("WEFT_ALGO", algo, 1);
     setenv("WEFT_TOPOLOGY", topology, 1);
     struct mp_opts o = {
         .nranks = nranks,
@@ -70,19 +85,20 @@ static void run_job_layout(int nranks, int wires, const char *topology,
     char buf[1024];
     cr_assert_eq(mp_run(&o, coll_rank, NULL, &res), 0,
                  "could not set up the job");
-    cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires: %s", topology,
-              nranks, wires, mp_describe(&res, buf, sizeof buf));
+    cr_assert(mp_all_passed(&res), "%s, %d ranks, %d wires, WEFT_ALGO %s: %s",
+              topology, nranks, wires, algo,
+              mp_describe(&res, buf, sizeof buf));
 }
 
 static void run_job_small(int nranks, int wires, const char *topology,
-                          const char *small)
+                          size_t small)
 {
     run_job_layout(nranks, wires, topology, small, MP_LAYOUT_ONE_HOST);
 }
 
 static void run_job(int nranks, int wires, const char *topology)
 {
-    run_job_small(nranks, wires, topology, "4096");
+    run_job_small(nranks, wires, topology, 4096);
 }
 
 /* Shared memory with a ring so small that records wrap and frames go in
@@ -98,21 +114,25 @@ static void run_shm_job(int nranks, const char *topology, const char *ring,
 }
 
 /* Every collective that can by one-copy reads of the peers' memory
- * (coll/pull.c), whatever its size, on 2 threads per rank (the path is
- * off by default where the host has one core per rank). */
+ * (coll/pull.c), whatever its size (from 1 byte; the box keeps its small
+ * calls), on 2 threads per rank (the path is off by default where the
+ * host has one core per rank). */
 static void run_pull_job(int nranks, const char *topology)
 {
-    static const char *const vars[] = {
-        "WEFT_PULL_ALL_REDUCE_BYTES", "WEFT_PULL_ALL_GATHER_BYTES",
-        "WEFT_PULL_REDUCE_SCATTER_BYTES", "WEFT_PULL_BROADCAST_BYTES"};
+    char more[256];
 
+    /* The box's rows as by default: 2 KiB (a reduce_scatter's whole
+     * input) up to 8 ranks. */
+    snprintf(more, sizeof more,
+             "all_gather:0-2k=box,1-=pull;reduce_scatter:0-%d=box,1-=pull;"
+             "broadcast:0-2k=box,1-=pull",
+             2048 / nranks);
+    algo_first = "1-=pull";
+    algo_more = more;
     setenv("WEFT_PULL_THREADS", "2", 1);
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        setenv(vars[i], "1", 1);
     run_shm_job(nranks, topology, "8192", "1");
     unsetenv("WEFT_PULL_THREADS");
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        unsetenv(vars[i]);
+    algo_first = algo_more = NULL;
 }
 
 Test(collectives, shm_one_copy_reads_mesh_ranks3, .timeout = 120)
@@ -137,20 +157,26 @@ Test(collectives, shm_one_copy_reads_auto_ranks4, .timeout = 120)
 
 /* Hosts of two ranks each (over shared memory, or loopback with several
  * wires), linked to each other: all_reduce runs hierarchically from count
- * nranks on (WEFT_HIER_ALL_REDUCE_BYTES=0), within the hosts and across
- * them with the mesh (auto) or the ring; all_gather and reduce_scatter
- * from blocks of `blk` bytes, and broadcast (the ring's chain across the
- * mesh) from buffers of `blk` bytes (0: every count; 4096: the counts
- * around the frame run hierarchically, the small ones flat). */
+ * nranks on (its rows from 0 bytes), within the hosts and across them
+ * with the mesh (auto) or the ring; all_gather and reduce_scatter from
+ * blocks of `blk` bytes, and broadcast (the ring's chain across the mesh)
+ * from buffers of `blk` bytes (0: every count; 4096: the counts around
+ * the frame run hierarchically, the small ones flat). */
 static void run_hier_job(int nranks, const char *topology, int wires,
                          const char *blk)
 {
-    setenv("WEFT_HIER", "1", 1);
-    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
-    setenv("WEFT_HIER_ALL_GATHER_BYTES", blk, 1);
-    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", blk, 1);
-    setenv("WEFT_HIER_BROADCAST_BYTES", blk, 1);
-    run_job_layout(nranks, wires, topology, "4096", MP_LAYOUT_PAIRS);
+    char more[256];
+
+    /* (Around the ring, broadcast is the ring's chain at every size.) */
+    snprintf(more, sizeof more,
+             "all_gather:%s-=hier;reduce_scatter:%s-=hier%s%s%s", blk, blk,
+             strcmp(topology, "ring") != 0 ? ";broadcast:" : "",
+             strcmp(topology, "ring") != 0 ? blk : "",
+             strcmp(topology, "ring") != 0 ? "-=ring" : "");
+    algo_first = "0-=hier";
+    algo_more = more;
+    run_job_layout(nranks, wires, topology, 4096, MP_LAYOUT_PAIRS);
+    algo_first = algo_more = NULL;
 }
 
 #define HIER_TEST(n, topo, w, blk)                                             \
@@ -437,7 +463,7 @@ Test(collectives, auto_ranks6_wires2, .timeout = 120)
 }
 Test(collectives, auto_ranks7_wires1_no_small, .timeout = 120)
 {
-    run_job_small(7, 1, "auto", "0");
+    run_job_small(7, 1, "auto", 0);
 }
 Test(collectives, auto_ranks8_wires1, .timeout = 120)
 {

@@ -358,23 +358,34 @@ Test(matching, halving_all_reduce_mismatch, .timeout = 120)
 /* ---- hierarchical all_reduce (hosts of two ranks each) ----
  *
  * The same mismatches where all_reduce runs within the hosts, across them
- * and within them again: with every rank on the hierarchical path
- * (threshold 0), and with only the odd rank on it (its one more element
- * crosses the threshold: it runs the hierarchical phases while the others
- * run the flat algorithm). No rank may return WEFT_OK, and one must see
- * the mismatch. */
+ * and within them again: with every rank on the hierarchical path (from
+ * 0 bytes), and with only the odd rank on it (from 16388 bytes: its one
+ * more element crosses it, so it runs the hierarchical phases while the
+ * others run the flat algorithm). No rank may return WEFT_OK, and one must
+ * see the mismatch. */
 struct hier_mismatch {
     struct halving_mismatch hm;
-    const char *threshold; /* WEFT_HIER_ALL_REDUCE_BYTES */
+    const char *threshold; /* the hierarchical algorithm from these bytes */
     const char *topology;
 };
 
 Test(matching, hier_all_reduce_mismatch, .timeout = 120)
 {
-    static const struct hier_mismatch cases[] = {
-        {{4, 0, 0}, "0", "auto"},     {{4, 3, 1}, "0", "ring"},
-        {{6, 2, 0}, "0", "auto"},     {{6, 5, 1}, "0", "ring"},
-        {{4, 1, 0}, "16388", "auto"}, {{6, 4, 0}, "16388", "ring"},
+    /* WEFT_ALGO: all_reduce's default rows (weft_info's) with the
+     * hierarchical one's from the threshold; the gather after it (128 KiB
+     * gathered under the mesh, 32 KiB around the ring) takes what the
+     * hierarchical algorithm does not. */
+    static const struct {
+        struct halving_mismatch hm;
+        const char *algo;
+        const char *topology;
+    } cases[] = {
+        {{4, 0, 0}, "all_reduce:0-=hier,0-32k=gather,0-=mesh", "auto"},
+        {{4, 3, 1}, "all_reduce:0-=hier,0-8k=gather,0-=ring", "ring"},
+        {{6, 2, 0}, "all_reduce:0-=hier,0-21845=gather,0-=mesh", "auto"},
+        {{6, 5, 1}, "all_reduce:0-=hier,0-5461=gather,0-=ring", "ring"},
+        {{4, 1, 0}, "all_reduce:16388-=hier,0-32k=gather,0-=mesh", "auto"},
+        {{6, 4, 0}, "all_reduce:16388-=hier,0-5461=gather,0-=ring", "ring"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const struct halving_mismatch *hm = &cases[i].hm;
@@ -384,23 +395,22 @@ Test(matching, hier_all_reduce_mismatch, .timeout = 120)
                  "case %zu: %d ranks in hosts of 2, rank %d's %s differs", i,
                  hm->nranks, hm->odd_rank, hm->dtype ? "dtype" : "count");
         setenv("WEFT_TOPOLOGY", cases[i].topology, 1);
-        setenv("WEFT_HIER", "1", 1);
-        setenv("WEFT_HIER_ALL_REDUCE_BYTES", cases[i].threshold, 1);
+        setenv("WEFT_ALGO", cases[i].algo, 1);
         run_mismatch_job(hm->nranks, MP_LAYOUT_PAIRS, halving_mismatch_rank,
                          (void *)hm, "mismatched hierarchical all_reduce",
                          what);
         unsetenv("WEFT_TOPOLOGY");
-        unsetenv("WEFT_HIER_ALL_REDUCE_BYTES");
+        unsetenv("WEFT_ALGO");
     }
 }
 
 /* ---- hierarchical all_gather, reduce_scatter and broadcast ----
  *
  * The same for the operations that run hierarchically by block size
- * (WEFT_HIER_ALL_GATHER_BYTES, WEFT_HIER_REDUCE_SCATTER_BYTES) or buffer
- * size (WEFT_HIER_BROADCAST_BYTES: the ring's chain where the mesh is in
- * effect): every rank on the hierarchical path (0), or only the odd rank
- * (16388: its 4097 int32s cross it, the others' 4096 do not). */
+ * (all_gather, reduce_scatter) or buffer size (broadcast: the ring's
+ * chain where the mesh is in effect), from the threshold on (WEFT_ALGO):
+ * every rank on the hierarchical path (0), or only the odd rank (16388:
+ * its 4097 int32s cross it, the others' 4096 do not). */
 enum { HIER_SCATTER, HIER_GATHER, HIER_BCAST };
 static const char *const hier_op_names[] = {"reduce_scatter", "all_gather",
                                             "broadcast"};
@@ -441,18 +451,21 @@ static int hier_op_mismatch_rank(int rank, int nranks, void *arg)
     return finalize(c) || fail;
 }
 
-/* Runs m's case on WEFT_TOPOLOGY m->h.topology, with each of vars (a
- * NULL-ended list) set to m->h.threshold for that run only. */
+/* Runs m's case on WEFT_TOPOLOGY m->h.topology with WEFT_ALGO algo, and
+ * each of vars (a NULL-ended list) set to m->h.threshold, for that run
+ * only. */
 static void run_hier_op_mismatch(const struct hier_op_mismatch *m,
-                                 const char *const *vars, const char *job,
-                                 const char *what)
+                                 const char *algo, const char *const *vars,
+                                 const char *job, const char *what)
 {
     setenv("WEFT_TOPOLOGY", m->h.topology, 1);
+    setenv("WEFT_ALGO", algo, 1);
     for (const char *const *v = vars; *v != NULL; v++)
         setenv(*v, m->h.threshold, 1);
     run_mismatch_job(m->h.hm.nranks, MP_LAYOUT_PAIRS, hier_op_mismatch_rank,
                      (void *)m, job, what);
     unsetenv("WEFT_TOPOLOGY");
+    unsetenv("WEFT_ALGO");
     for (const char *const *v = vars; *v != NULL; v++)
         unsetenv(*v);
 }
@@ -465,13 +478,12 @@ Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
         {{4, 1, 0}, "16388", "auto"},
         {{6, 4, 0}, "16388", "ring"},
     };
-    static const char *const vars[] = {"WEFT_HIER_ALL_GATHER_BYTES",
-                                       "WEFT_HIER_REDUCE_SCATTER_BYTES",
-                                       "WEFT_HIER_BROADCAST_BYTES", NULL};
+    static const char *const none[] = {NULL};
     for (size_t i = 0; i < 3 * sizeof hcases / sizeof hcases[0]; i++) {
         const struct hier_op_mismatch m = {hcases[i / 3], (int)(i % 3)};
         const struct halving_mismatch *hm = &m.h.hm;
-        char what[160];
+        const char *const t = m.h.threshold;
+        char what[160], algo[128];
 
         /* On the ring topology broadcast is the flat chain at every size
          * (the threshold picks between it and the mesh's): the ranks that
@@ -484,19 +496,24 @@ Test(matching, hier_gather_scatter_bcast_mismatch, .timeout = 240)
                  "%s, case %zu: %d ranks in hosts of 2, rank %d's %s differs",
                  hier_op_names[m.op], i / 3, hm->nranks, hm->odd_rank,
                  hm->dtype ? "dtype" : "count");
-        setenv("WEFT_HIER", "1", 1);
-        run_hier_op_mismatch(&m, vars,
+        /* (Around the ring, broadcast is the ring's chain at every size
+         * anyway.) */
+        snprintf(algo, sizeof algo,
+                 "all_gather:%s-=hier;reduce_scatter:%s-=hier;"
+                 "broadcast:%s-=ring",
+                 t, t, t);
+        run_hier_op_mismatch(&m, algo, none,
                              "mismatched hierarchical all_gather, "
                              "reduce_scatter or broadcast",
                              what);
     }
 }
 
-/* The same where the hierarchical all_gather and reduce_scatter move
- * data within the hosts by one-copy reads (WEFT_HIER_PULL_*_BYTES, with
- * threads to read: WEFT_PULL_THREADS): every rank reads (16384), or only
- * the odd rank (16388), which then publishes its buffers where its host's
- * other rank sends frames. */
+/* The same where the hierarchical all_gather and reduce_scatter (at every
+ * size) move data within the hosts by one-copy reads
+ * (WEFT_HIER_PULL_*_BYTES, with threads to read: WEFT_PULL_THREADS):
+ * every rank reads (16384), or only the odd rank (16388), which then
+ * publishes its buffers where its host's other rank sends frames. */
 Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
 {
     static const struct hier_mismatch hcases[] = {
@@ -508,9 +525,6 @@ Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
     static const char *const vars[] = {"WEFT_HIER_PULL_ALL_GATHER_BYTES",
                                        "WEFT_HIER_PULL_REDUCE_SCATTER_BYTES",
                                        NULL};
-    setenv("WEFT_HIER", "1", 1);
-    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
-    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
     setenv("WEFT_SHM", "1", 1);
     setenv("WEFT_PULL_THREADS", "2", 1);
     for (size_t i = 0; i < 2 * sizeof hcases / sizeof hcases[0]; i++) {
@@ -523,13 +537,12 @@ Test(matching, hier_gather_scatter_by_reads_mismatch, .timeout = 240)
                  "of 2, rank %d's %s differs",
                  hier_op_names[m.op], m.h.threshold, i / 2, hm->nranks,
                  hm->odd_rank, hm->dtype ? "dtype" : "count");
-        run_hier_op_mismatch(&m, vars,
+        run_hier_op_mismatch(&m, "all_gather:0-=hier;reduce_scatter:0-=hier",
+                             vars,
                              "mismatched hierarchical all_gather or "
                              "reduce_scatter by reads",
                              what);
     }
-    unsetenv("WEFT_HIER_ALL_GATHER_BYTES");
-    unsetenv("WEFT_HIER_REDUCE_SCATTER_BYTES");
     unsetenv("WEFT_SHM");
     unsetenv("WEFT_PULL_THREADS");
 }

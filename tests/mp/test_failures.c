@@ -305,12 +305,15 @@ Test(failures, peer_killed, .timeout = 120)
 }
 
 /* The mesh's large all_reduce waits on every peer at once; the same
- * losses must end it the same way. (Criterion runs each test in a process
- * of its own, so the settings stay with the test.) */
+ * losses must end it the same way: past the box, the one-exchange gather
+ * only up to 1 KiB gathered (341 bytes per rank at 3 ranks, so that
+ * AR_COUNT int32s take the large one). (Criterion runs each test in a
+ * process of its own, so the settings stay with the test.) */
 static struct mp_opts mesh_fail_opts(int nranks)
 {
     setenv("WEFT_TOPOLOGY", "mesh", 1);
-    setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "1024", 1);
+    cr_assert_eq(nranks, 3);
+    setenv("WEFT_ALGO", "all_reduce:0-2k=box,0-341=gather,0-=mesh", 1);
     return fail_opts(nranks);
 }
 
@@ -1174,9 +1177,7 @@ Test(env, reduce_thread_not_0_or_1, .timeout = 30)
  * that names the variable, not a fall-back to the default. */
 Test(env, transport_thresholds_out_of_range, .timeout = 30)
 {
-    static const char *const names[] = {"WEFT_HALVING_ALL_REDUCE_BYTES",
-                                        "WEFT_REDUCE_THREAD_PASS_BYTES",
-                                        "WEFT_HIER_BROADCAST_BYTES",
+    static const char *const names[] = {"WEFT_REDUCE_THREAD_PASS_BYTES",
                                         "WEFT_HIER_PULL_ALL_REDUCE_BYTES",
                                         "WEFT_HIER_PULL_ALL_GATHER_BYTES",
                                         "WEFT_HIER_PULL_REDUCE_SCATTER_BYTES"};
@@ -1236,6 +1237,46 @@ Test(env, sockbuf_zero_and_floor_accepted, .timeout = 30)
                      weft_last_error(NULL) ? weft_last_error(NULL) : "");
         cr_assert_eq(weft_finalize(c), WEFT_OK);
     }
+}
+
+/* The variables that chose algorithms before WEFT_ALGO (issue 31) are
+ * ignored: set to 7 (out of WEFT_HIER's range, and a size every other
+ * one took), a job of one rank forms and runs the settings and table of
+ * one where they are unset. */
+Test(env, removed_algorithm_variables_are_ignored, .timeout = 30)
+{
+    static const char *const names[] = {"WEFT_SMALL_ALL_REDUCE_BYTES",
+                                        "WEFT_MESH_SMALL_ALL_REDUCE_BYTES",
+                                        "WEFT_BOX_BYTES",
+                                        "WEFT_DOUBLING_ALL_REDUCE_BYTES",
+                                        "WEFT_HALVING_ALL_REDUCE_BYTES",
+                                        "WEFT_HALVING_FOLD_ALL_REDUCE_BYTES",
+                                        "WEFT_HIER",
+                                        "WEFT_HIER_ALL_REDUCE_BYTES",
+                                        "WEFT_HIER_ALL_GATHER_BYTES",
+                                        "WEFT_HIER_REDUCE_SCATTER_BYTES",
+                                        "WEFT_HIER_BROADCAST_BYTES",
+                                        "WEFT_PULL_ALL_REDUCE_BYTES",
+                                        "WEFT_PULL_ALL_GATHER_BYTES",
+                                        "WEFT_PULL_REDUCE_SCATTER_BYTES",
+                                        "WEFT_PULL_BROADCAST_BYTES"};
+    char unset[4096];
+    weft_comm *c = NULL;
+    int rc;
+
+    mp_clear_env();
+    setenv("WEFT_RANK", "0", 1);
+    setenv("WEFT_SIZE", "1", 1);
+    cr_assert_eq(weft_init(&c), WEFT_OK);
+    snprintf(unset, sizeof unset, "%s", weft_info(c));
+    cr_assert_eq(weft_finalize(c), WEFT_OK);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        setenv(names[i], "7", 1);
+    rc = weft_init(&c);
+    cr_assert_eq(rc, WEFT_OK, "weft_init: %s: %s", weft_err_name(rc),
+                 weft_last_error(NULL) ? weft_last_error(NULL) : "");
+    cr_assert_str_eq(weft_info(c), unset);
+    cr_assert_eq(weft_finalize(c), WEFT_OK);
 }
 
 /* WEFT_HOSTFILE naming a FIFO, a directory or a device is refused at once:

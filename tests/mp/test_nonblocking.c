@@ -26,15 +26,22 @@
 #include "nb_cases.h"
 #include "weft.h"
 
-/* Low thresholds so modest counts take every path (as test_collectives). */
-static void small_thresholds(void)
+/* Low thresholds so modest counts take every path (as test_collectives)
+ * on a job of nranks placed as layout says under topology. */
+static void small_thresholds(int nranks, enum mp_layout layout,
+                             const char *topology)
 {
+    const char *shm = getenv("WEFT_SHM");
+    char algo[512];
+
     setenv("WEFT_FRAME_BYTES", "65536", 0);
     setenv("WEFT_MIN_WIRE_BYTES", "8192", 0);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 0);
-    setenv("WEFT_SMALL_ALL_REDUCE_BYTES", "4096", 0);
-    setenv("WEFT_DOUBLING_ALL_REDUCE_BYTES", "1024", 0);
-    setenv("WEFT_MESH_SMALL_ALL_REDUCE_BYTES", "4096", 0);
+    cr_assert_eq(mp_low_algo(algo, sizeof algo, nranks, layout, topology,
+                             shm == NULL || strcmp(shm, "0") != 0, 4096, NULL),
+                 0);
+    /* The rows fit this job's layout alone, so an outer WEFT_ALGO goes. */
+    setenv("WEFT_ALGO", algo, 1);
 }
 
 typedef int (*case_fn)(weft_comm *c, void *arg);
@@ -69,7 +76,7 @@ static void run_case(case_fn fn, int nranks, int wires, enum mp_layout layout,
     struct mp_result res;
     char buf[1024];
 
-    small_thresholds();
+    small_thresholds(nranks, layout, topology);
     setenv("WEFT_TOPOLOGY", topology, 1);
     cr_assert_eq(mp_run(&o, case_rank, arg, &res), 0,
                  "could not set up the job");
@@ -880,8 +887,8 @@ static void run_order(case_fn fn, int nranks, int wires, enum nb_transport t,
     struct mp_result res;
     char buf[1024];
 
-    small_thresholds();
     set_transport(t);
+    small_thresholds(nranks, o.layout, "auto");
     cr_assert_eq(mp_run(&o, order_rank, &fn, &res), 0,
                  "could not set up the job");
     cr_assert(mp_all_passed(&res), "%s, %s, %d ranks, %d wire(s): %s", what,
@@ -1054,8 +1061,8 @@ static void run_size_mismatch(int recv_first, int delta, enum nb_transport t)
     struct mp_result res;
     char buf[1024];
 
-    small_thresholds();
     set_transport(t);
+    small_thresholds(o.nranks, o.layout, "auto");
     cr_assert_eq(mp_run(&o, size_mismatch_rank, &sm, &res), 0,
                  "could not set up the job");
     cr_assert(mp_all_passed(&res),

@@ -1,6 +1,6 @@
 /*
- * The all_reduce by one-copy reads (WEFT_PULL_ALL_REDUCE_BYTES, from 4 MiB
- * by default where the host has 2 cores per rank): where every rank is on
+ * The all_reduce by one-copy reads (WEFT_ALGO's "pull", from 4 MiB by
+ * default where the host has 2 cores per rank): where every rank is on
  * one host and can read the others' memory, each rank reads its share of
  * every input from its peers and reduces it, then reads the other shares
  * from their owners, on WEFT_PULL_THREADS threads. As a user sees it:
@@ -18,8 +18,9 @@
  * and reduce_scatter (every shape of buffers, the threads they add, a
  * peer killed mid-loop).
  *
- * The thresholds are lowered here (the 2-core CI machine has one core
- * per rank, where the path is off unless asked for).
+ * The thresholds are lowered here, through WEFT_ALGO (the 2-core CI
+ * machine has one core per rank, where the path is off unless
+ * WEFT_PULL_THREADS asks for it).
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -60,14 +61,67 @@ static struct pull_shm *shm(void)
 /* The ranks' hostfile: one host, or hosts of two ranks (hier_env). */
 static enum mp_layout layout = MP_LAYOUT_ONE_HOST;
 
+/* What WEFT_ALGO asks for besides all_reduce's rows (set_algo). */
+enum {
+    ALGO_ALL_REDUCE, /* the all_reduce only */
+    ALGO_EVERY_OP,   /* all_gather, reduce_scatter and broadcast too: on
+                        one host by the reads, on hosts of several ranks
+                        (all_gather, reduce_scatter) hierarchically */
+    ALGO_DEFAULTS,   /* none: the defaults */
+};
+static int algo_ops = ALGO_ALL_REDUCE;
+
+/* Sets WEFT_ALGO for a job of nranks (2 to 4 on one host, 4 or 6 on hosts
+ * of two): the default rows (weft_info's, src/core/tune.c) but on one host
+ * the reads from PULL_FROM bytes per rank (the default's 4 MiB for
+ * all_reduce and all_gather, 1 MiB for reduce_scatter, 32 MiB for
+ * broadcast), so that small counts take them too, and on hosts of two
+ * ranks the hierarchical all_reduce at every size (count >= ranks; the
+ * default's gather of up to 128 KiB gathered below that), and with
+ * ALGO_EVERY_OP its all_gather and reduce_scatter too. */
+static void set_algo(int nranks)
+{
+    /* all_reduce's rows past the box (one host) or past the hierarchical
+     * row (hosts of two), as the defaults have them. */
+    static const char *const one_host[] = {
+        [2] = "0-16k=doubling,0-16k=gather",
+        [3] = "0-10922=gather",
+        [4] = "0-16k=doubling,0-8k=gather,0-8m=halving",
+    };
+    char algo[512];
+
+    if (algo_ops == ALGO_DEFAULTS) {
+        unsetenv("WEFT_ALGO");
+        return;
+    }
+    if (layout == MP_LAYOUT_PAIRS) {
+        cr_assert(nranks == 4 || nranks == 6);
+        snprintf(algo, sizeof algo, "all_reduce:0-=hier,0-%s=gather,0-=mesh%s",
+                 nranks == 4 ? "32k" : "21845",
+                 algo_ops == ALGO_EVERY_OP
+                     ? ";all_gather:0-=hier;reduce_scatter:0-=hier"
+                     : "");
+    } else {
+        cr_assert(nranks >= 2 && nranks <= 4);
+        snprintf(algo, sizeof algo,
+                 "all_reduce:0-2k=box," PULL_FROM "-=pull,%s,0-=ring",
+                 one_host[nranks]);
+        if (algo_ops == ALGO_EVERY_OP)
+            snprintf(algo + strlen(algo), sizeof algo - strlen(algo),
+                     ";all_gather:0-2k=box," PULL_FROM "-=pull"
+                     ";reduce_scatter:0-%d=box," PULL_FROM "-=pull"
+                     ";broadcast:0-2k=box," PULL_FROM "-=pull",
+                     2048 / nranks);
+    }
+    setenv("WEFT_ALGO", algo, 1);
+}
+
 /* Hosts of two ranks each, whose all_reduce runs hierarchically at every
- * size (count >= ranks) with no TCP sending thread (threads_rank counts
- * threads). */
+ * size (count >= ranks; set_algo) with no TCP sending thread
+ * (threads_rank counts threads). */
 static void hier_env(void)
 {
     layout = MP_LAYOUT_PAIRS;
-    setenv("WEFT_HIER", "1", 1);
-    setenv("WEFT_HIER_ALL_REDUCE_BYTES", "0", 1);
     setenv("WEFT_HIER_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
     setenv("WEFT_SEND_THREAD", "0", 1);
 }
@@ -81,13 +135,13 @@ static void run_job_env(int nranks, mp_rank_fn fn, void *arg,
     char buf[1024];
 
     setenv("WEFT_SHM", "1", 1);
-    setenv("WEFT_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
+    set_algo(nranks);
     setenv("WEFT_PULL_THREADS", threads, 1);
     /* No reducer thread on the frames' path either: threads_rank counts
      * threads. */
     setenv("WEFT_REDUCE_THREAD", "0", 1);
     cr_assert_eq(mp_run(&o, fn, arg, &res), 0);
-    unsetenv("WEFT_PULL_ALL_REDUCE_BYTES");
+    unsetenv("WEFT_ALGO");
     unsetenv("WEFT_PULL_THREADS");
     unsetenv("WEFT_REDUCE_THREAD");
     cr_assert(mp_all_passed(&res), "%s: %s", what,
@@ -272,6 +326,10 @@ Test(pull, where_a_rank_cannot_be_read_no_rank_takes_it, .timeout = 120)
 {
     static const int refused = 1;
 
+    /* The defaults: WEFT_ALGO cannot ask for reads that not every rank
+     * can make, and the large call (4 MiB and more) is where the default
+     * rows would read. */
+    algo_ops = ALGO_DEFAULTS;
     run_job(3, threads_rank, (void *)&refused, "rank 0 unreadable");
 }
 
@@ -287,8 +345,8 @@ enum { MIS_COUNT, MIS_OP, MIS_BELOW, MIS_CHOICE };
 
 /* Rank 0's call differs from the others': one element more, another op,
  * or a count below the threshold (the others' above it); or the calls
- * are the same but rank 0 has the path off (WEFT_PULL_ALL_REDUCE_BYTES=0
- * there alone: the ranks choose different algorithms). No rank may
+ * are the same but rank 0 has the path off (its WEFT_ALGO without the
+ * reads' row: the ranks choose different algorithms). No rank may
  * return WEFT_OK; one that sees the difference says WEFT_EMISMATCH and
  * what differed, and a peer that it left before they met may see it gone
  * (WEFT_EPEER), as on every path where headers travel in frames. */
@@ -308,8 +366,9 @@ static int mismatch_rank(int rank, int nranks, void *arg)
             op = WEFT_MAX;
         else if (kind == MIS_BELOW)
             n = 100;
-        else
-            setenv("WEFT_PULL_ALL_REDUCE_BYTES", "0", 1);
+        else /* 3 ranks: set_algo's rows but the reads' */
+            setenv("WEFT_ALGO", "all_reduce:0-2k=box,0-10922=gather,0-=ring",
+                   1);
     }
     v = mp_alloc(n * sizeof *v);
     for (size_t i = 0; i < n; i++)
@@ -489,10 +548,10 @@ static void run_gone(int abort, int nranks)
     char buf[1024];
 
     setenv("WEFT_SHM", "1", 1);
-    setenv("WEFT_PULL_ALL_REDUCE_BYTES", PULL_FROM, 1);
+    set_algo(nranks);
     setenv("WEFT_PULL_THREADS", "3", 1);
     cr_assert_eq(mp_run(&o, gone_rank, &abort, &res), 0);
-    unsetenv("WEFT_PULL_ALL_REDUCE_BYTES");
+    unsetenv("WEFT_ALGO");
     unsetenv("WEFT_PULL_THREADS");
     for (int r = 0; r < nranks; r++) {
         const struct mp_rank_result *rr = &res.rank[r];
@@ -574,8 +633,7 @@ Test(pull, hosts_of_several_ranks_a_peer_killed_is_epeer, .timeout = 120)
 Test(pull, hosts_of_several_ranks_gather_scatter_peer_killed, .timeout = 120)
 {
     hier_env();
-    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
-    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    algo_ops = ALGO_EVERY_OP;
     setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", PULL_FROM, 1);
     setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", PULL_FROM, 1);
     gone_op = GONE_REDUCE_SCATTER;
@@ -726,14 +784,9 @@ static int shapes_rank(int rank, int nranks, void *arg)
 Test(pull, reduce_scatter_all_gather_broadcast_whatever_the_buffers,
      .timeout = 120)
 {
-    setenv("WEFT_PULL_ALL_GATHER_BYTES", PULL_FROM, 1);
-    setenv("WEFT_PULL_REDUCE_SCATTER_BYTES", PULL_FROM, 1);
-    setenv("WEFT_PULL_BROADCAST_BYTES", PULL_FROM, 1);
+    algo_ops = ALGO_EVERY_OP;
     run_job(3, shapes_rank, NULL, "shapes, 3 ranks");
     run_job(4, shapes_rank, NULL, "shapes, 4 ranks");
-    unsetenv("WEFT_PULL_ALL_GATHER_BYTES");
-    unsetenv("WEFT_PULL_REDUCE_SCATTER_BYTES");
-    unsetenv("WEFT_PULL_BROADCAST_BYTES");
 }
 
 /* The hierarchical all_gather and reduce_scatter with their phases
@@ -758,8 +811,7 @@ Test(pull, hosts_of_several_ranks_gather_and_scatter_by_reads, .timeout = 300)
     };
 
     hier_env();
-    setenv("WEFT_HIER_ALL_GATHER_BYTES", "0", 1);
-    setenv("WEFT_HIER_REDUCE_SCATTER_BYTES", "0", 1);
+    algo_ops = ALGO_EVERY_OP;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         setenv("WEFT_HIER_PULL_ALL_GATHER_BYTES", cases[i].ag, 1);
         setenv("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", cases[i].rs, 1);
@@ -795,9 +847,8 @@ Test(pull, a_broadcast_from_different_roots_is_emismatch, .timeout = 120)
 {
     int saw = 0;
 
-    setenv("WEFT_PULL_BROADCAST_BYTES", PULL_FROM, 1);
+    algo_ops = ALGO_EVERY_OP;
     run_job(3, roots_rank, NULL, "roots");
-    unsetenv("WEFT_PULL_BROADCAST_BYTES");
     for (int r = 0; r < 3; r++) {
         cr_assert(shm()->rc[r] == WEFT_EMISMATCH || shm()->rc[r] == WEFT_EPEER,
                   "rank %d returned %s (%s)", r, weft_err_name(shm()->rc[r]),
