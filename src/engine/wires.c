@@ -257,6 +257,25 @@ static void rx_fail(rxq *q, int rc)
 
 static void rx_hdr_done(weft__xfer *x);
 
+/* What the header q reads next is likely followed by: the first frame of
+ * the one lane that waits there (0 where none or two wait: unknown). */
+static size_t next_len(const rxq *q)
+{
+    const wstate *ws = q->coll != NULL ? q->coll : q->p2p;
+
+    if (ws == NULL || (q->coll != NULL && (q->p2p != NULL || q->chk != NULL)))
+        return 0;
+    for (int s = ws->r_step; s < ws->run->op.lanes[ws->lane].nsteps; s++) {
+        const run *r = ws->run;
+        weft__region reg = weft__step_region(
+            r, r->op.lanes[ws->lane].steps[s].recv_len, r->rw[ws->lane], ws->w);
+
+        if (reg.len > 0)
+            return weft__plan_frame_len(reg.len, r->frame, 0);
+    }
+    return 0;
+}
+
 /* Moves q's stream on: hands a header that came to its taker, reads
  * early messages, or posts the next header's read where someone waits
  * for one. */
@@ -277,6 +296,7 @@ static void rx_kick(rxq *q)
             q->x.done = rx_hdr_done;
             q->x.buf = (char *)q->hdr;
             q->x.len = HDR_BYTES;
+            q->x.next_len = next_len(q);
             q->state = RX_READING;
             if ((rc = c->tpo->post_recv(c->tp, q->peer, q->w, &q->x)) != 0) {
                 q->state = RX_IDLE;

@@ -51,6 +51,10 @@ typedef struct weft__xfer {
     size_t len;
     size_t got;
     int peer; /* relay only: the other end */
+    /* A receive's hint: the bytes its poster expects to post right behind
+     * it on the wire (0: unknown), so that a transport that reads ahead
+     * can stop before a large frame it would rather read in place. */
+    size_t next_len;
 } weft__xfer;
 
 /* Appends x to a transport's FIFO of posted frames (linked by tp_next). */
@@ -137,8 +141,8 @@ typedef struct weft__tp_ops {
      *   by its own hand without ending the call (it failed in it: the
      *   message may be looked at, as a header that differs explains the
      *   failure, its data must not be used; a peer that died without a
-     *   word gets 1, its message being whole); 3 where the peer left without writing
-     *   it; 4 where the peer announced call seq on frames (its header in
+     *   word gets 1, its message being whole); 3 where the peer left without
+     * writing it; 4 where the peer announced call seq on frames (its header in
      *   out); or the transport's error. 2, 3 and 4 fail nothing: the
      *   caller says why its call failed, having looked at every peer.
      * - box_done: this rank ended collective call seq (and every earlier

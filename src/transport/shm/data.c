@@ -517,19 +517,27 @@ static int shm_pass(shm_tp *tp, int with_tcp)
             tp->events++;
         note_leavers(tp);
     }
-    for (int i = 0; i < tp->nlocal && tp->err == 0; i++) {
-        shm_wire *w = &tp->wires[i];
-        if (w->sq_head != NULL)
-            tx_pump(w);
-        tx_reap(w);
-        if (w->sq_head == NULL && w->wq_head == NULL)
-            set_want(w, 0);
-        if (w->rq_head != NULL && (rc = rx_pump(w)) < 0)
-            return rc;
-        if (w->dead && (rc = judge_dead(w)) != 0)
-            return rc;
+    /* Twice where the completions of the first posted receives (the
+     * engine posts a pass's frames once their header came): what already
+     * landed goes to them in this pass, not the next. */
+    for (int round = 0; round < 2; round++) {
+        tp->rx_posted = 0;
+        for (int i = 0; i < tp->nlocal && tp->err == 0; i++) {
+            shm_wire *w = &tp->wires[i];
+            if (w->sq_head != NULL)
+                tx_pump(w);
+            tx_reap(w);
+            if (w->sq_head == NULL && w->wq_head == NULL)
+                set_want(w, 0);
+            if (w->rq_head != NULL && (rc = rx_pump(w)) < 0)
+                return rc;
+            if (w->dead && (rc = judge_dead(w)) != 0)
+                return rc;
+        }
+        run_done(tp);
+        if (!tp->rx_posted || tp->err != 0)
+            break;
     }
-    run_done(tp);
     if (tp->box_watch != 0 && weft__shm_box_moved(tp))
         tp->events++;
     if (atomic_load_explicit(&tp->woken, memory_order_relaxed) != 0 &&
@@ -779,8 +787,10 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
         return weft__tcp_ops.post_recv(tp->tcp, p, wi, x);
     x->got = 0;
     weft__xq_push(&w->rq_head, &w->rq_tail, x);
-    /* What already landed is handed over by the next progress(), for
-     * every receive posted before it at once. */
+    /* What already landed is handed over by progress(), for every
+     * receive posted before it at once (in the same pass where a
+     * completion posted it). */
+    tp->rx_posted = 1;
     return WEFT_OK;
 }
 

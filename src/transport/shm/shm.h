@@ -303,7 +303,8 @@ struct shm_tp {
     int err;
     int shut;
     unsigned events;
-    unsigned tcp_ends; /* weft__tcp_ends when last looked at */
+    int rx_posted;      /* a receive was posted since the rings' last pump */
+    unsigned tcp_ends;  /* weft__tcp_ends when last looked at */
     weft__spin spin;    /* WEFT_SPIN_US, adapted (transport/common.h) */
     uint64_t tcp_ns;    /* when the TCP side was last polled */
     uint64_t tcp_ticks; /* the same, in shm_ticks() */
@@ -328,8 +329,8 @@ struct shm_tp {
     uint64_t box_sig;
     uint64_t box_done;  /* the last call this rank ended */
     uint64_t box_shown; /* the last call its slots and note name */
-    int box_room;      /* a box call waits for a peer to start a call */
-    int box_unflushed; /* box stores made, sleepers not looked at since */
+    int box_room;       /* a box call waits for a peer to start a call */
+    int box_unflushed;  /* box stores made, sleepers not looked at since */
     /* Frames that completed, their callbacks not yet run (they run only
      * inside progress()), oldest first. */
     weft__xfer *done_head, *done_tail;

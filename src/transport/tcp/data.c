@@ -206,10 +206,15 @@ void weft__tcp_data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
          * posted, the whole read-ahead is offered: a read that fills the
          * buffer exactly makes libuv read again, for nothing. */
         size_t want = x->len - x->got;
-        weft__xfer *y = x->tp_next;
-        for (; y != NULL && y->len < RX_DIRECT_MIN; y = y->tp_next)
+        weft__xfer *y = x->tp_next, *last = x;
+        for (; y != NULL && y->len < RX_DIRECT_MIN; y = y->tp_next) {
             want += y->len;
-        if (y != NULL && k->rx_hi - k->rx_lo < want &&
+            last = y;
+        }
+        /* A large frame posted, or about to be (the engine's header read
+         * says what follows it): stop before it. */
+        if ((y != NULL || last->next_len >= RX_DIRECT_MIN) &&
+            k->rx_hi - k->rx_lo < want &&
             want - (k->rx_hi - k->rx_lo) < buf->len)
             buf->len = want - (k->rx_hi - k->rx_lo);
     }
