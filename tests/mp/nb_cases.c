@@ -1253,7 +1253,8 @@ static int hz_send_then_reduce(weft_comm *c, size_t count)
  * the all_reduce reads what arrived (read after write). The send is
  * posted before the all_reduce: the all_reduce waits for the receive, and
  * a send the left posted after its own all_reduce could be held behind
- * that all_reduce's bytes on the wire (README, "Not in this version"). */
+ * that all_reduce's bytes on the wire (docs/reference.md, "Not in this
+ * version"). */
 static int hz_recv_then_reduce(weft_comm *c, size_t count, int inplace)
 {
     hz h;

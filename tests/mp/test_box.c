@@ -27,8 +27,8 @@
 
 #define TIMEOUT_MS 30000
 #define PROMPT_MS 10000
-/* The box's edge by default, at 2 to 8 ranks (README), and the most a box
- * message holds whatever WEFT_ALGO says. */
+/* The box's edge by default, at 2 to 8 ranks (docs/reference.md), and the most
+ * a box message holds whatever WEFT_ALGO says. */
 #define BOX_DEFAULT_BYTES 2048
 #define BOX_MAX_BYTES 2048
 
