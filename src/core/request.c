@@ -85,9 +85,6 @@ enum { R_QUEUED, R_RUNNING, R_COMPLETING, R_DONE };
 /* A batch takes at most this many operations, and no more bytes than
  * this gathered over the ranks (its first operation alone may). */
 #define BATCH_MAX_OPS 256
-/* drive()'s mark of a running request abandoned as its communicator
- * failed (neither a WEFT_E* code nor WEFT__PENDING). */
-#define WEFT__ABANDONED 2
 #define BATCH_GATHERED_BYTES ((size_t)1 << 20)
 
 typedef struct weft__sched {
@@ -295,17 +292,8 @@ static int run_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
 {
     int rc = start_op(c, d, timeout_ms, seq, 0, 0, k, t);
 
-    if (rc == WEFT__PENDING) {
-        weft__pass *p;
-
-        while ((rc = weft__task_progress(t)) == WEFT__PENDING &&
-               (p = weft__task_pass_of(t)) != NULL)
-            weft__pass_wait(p);
-    }
-    if (rc == WEFT__PENDING) /* nothing in flight to wait for: a bug */
-        rc = weft__call_fail(&c->x, WEFT_EABORTED,
-                             "rank %d: %s: nothing in flight", c->x.rank,
-                             d->name);
+    if (rc == WEFT__PENDING)
+        rc = weft__task_wait(t);
     return end_op(c, d, rc, k, t);
 }
 
@@ -666,6 +654,10 @@ static void drive(weft__sched *s, weft_comm *c, const weft_request *until)
             } else if ((s->ps[np] = weft__task_pass_of(&r->t)) != NULL)
                 np++;
         }
+        if (ended)
+            for (r = s->active; r != NULL; r = r->act_next)
+                if (r->rc != WEFT__PENDING)
+                    r->rc = end_req(c, r, r->rc);
         if (failed &&
             (atomic_load(&c->x.fail.code) != 0 || atomic_load(&c->x.aborted)))
             /* The communicator failed: what still runs is abandoned (its
@@ -673,12 +665,7 @@ static void drive(weft__sched *s, weft_comm *c, const weft_request *until)
              * WEFT_EABORTED, as the ones not started will. */
             for (r = s->active; r != NULL; r = r->act_next)
                 if (r->rc == WEFT__PENDING)
-                    r->rc = WEFT__ABANDONED;
-        if (ended || failed)
-            for (r = s->active; r != NULL; r = r->act_next)
-                if (r->rc != WEFT__PENDING)
-                    r->rc = end_req(
-                        c, r, r->rc == WEFT__ABANDONED ? WEFT__PENDING : r->rc);
+                    r->rc = end_req(c, r, WEFT__PENDING);
         if (!ended && np > 0 && atomic_load(&s->kicks) == seen)
             weft__passes_wait(s->ps, np);
         else if (!ended && np == 0 && s->active != NULL) {

@@ -42,14 +42,6 @@ const char *weft__algo_name(int a)
     return a > 0 && a < WEFT__ALGO_COUNT ? algo_names[a] : "?";
 }
 
-static const char *op_name(int op)
-{
-    for (size_t i = 0; i < NOPS; i++)
-        if (ops[i].op == op)
-            return ops[i].name;
-    return "?";
-}
-
 /* ---- the topology class ---- */
 
 int weft__direct_ok(const weft__ctx *c)
@@ -623,6 +615,5 @@ size_t weft__tune_print(const weft__tune *t, char *out, size_t len)
             PUT("0-=%s", algo_names[base_algo(op, t->on)]);
     }
 #undef PUT
-    (void)op_name;
     return at;
 }

@@ -38,19 +38,26 @@ static void pass_destroy(weft__pass *r)
     free(r);
 }
 
-/* Wire w's region of a step of len bytes over nw wires; len 0 or an unused
- * wire gives an empty region. */
-weft__region weft__step_region(const run *r, size_t len, int nw, int w)
+/* Wire w's region of len bytes over nw wires; len 0 or an unused wire
+ * gives an empty region. */
+weft__region weft__wire_region(const weft__ctx *c, size_t len, size_t esize,
+                               int nw, int w)
 {
     weft__region reg = {0, 0};
     int used;
 
     if (len == 0 || nw <= 0)
         return reg;
-    used = weft__plan_wires(len, nw, r->c->cfg->min_wire_bytes);
+    used = weft__plan_wires(len, nw, c->cfg->min_wire_bytes);
     if (w >= used)
         return reg;
-    return weft__plan_region(len, used, r->op.esize, w);
+    return weft__plan_region(len, used, esize, w);
+}
+
+/* The same for a step of r, in its elements. */
+weft__region weft__step_region(const run *r, size_t len, int nw, int w)
+{
+    return weft__wire_region(r->c, len, r->op.esize, nw, w);
 }
 
 /* Records a failure on the communicator's one error record and makes it

@@ -217,6 +217,10 @@ int weft__fail_into(weft__ctx *c, int *result, int err, const char *fmt, ...)
 /* Wire w's region of a step of len bytes over nw wires; len 0 or an unused
  * wire gives an empty region. */
 weft__region weft__step_region(const run *r, size_t len, int nw, int w);
+/* The same for elements of esize, whatever pass they belong to (a message
+ * read before its receive started). */
+weft__region weft__wire_region(const weft__ctx *c, size_t len, size_t esize,
+                               int nw, int w);
 /* Posts what lane `lane` of r may post now, on each of its wires. */
 void weft__pump_lane(run *r, int lane);
 /* A pass that cannot start: op's steps are freed; before anything of its

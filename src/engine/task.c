@@ -96,13 +96,8 @@ int weft__task_wait(weft__task *t)
 {
     int rc;
 
-    while ((rc = weft__task_progress(t)) == WEFT__PENDING) {
-        weft__task *in = t;
-
-        /* Only the innermost task has a pass in flight. */
-        while (in->sub != NULL)
-            in = in->sub;
-        weft__pass_wait(in->pass);
-    }
+    /* Only the innermost task has a pass in flight. */
+    while ((rc = weft__task_progress(t)) == WEFT__PENDING)
+        weft__pass_wait(weft__task_pass_of(t));
     return rc;
 }

@@ -66,12 +66,24 @@ static void describe_wait(const run *r, char *out, size_t outlen)
         snprintf(out, outlen, "a message relayed to rank %d to leave", r->rdst);
 }
 
+/* r's call passed its deadline: the failure, naming what r waited for. */
+static int deadline_passed(run *r)
+{
+    char what[160];
+
+    describe_wait(r, what, sizeof what);
+    return weft__set_error(r->c, WEFT_ETIMEDOUT,
+                           "rank %d: %s passed its deadline of %d ms "
+                           "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
+                           "for %s",
+                           r->c->rank, r->k->name, r->k->timeout_ms, what);
+}
+
 void weft__pass_wait(weft__pass *r)
 {
     weft__ctx *c = r->c;
     const char *name = r->k->name;
     uint64_t deadline = r->k->deadline_ms;
-    char what[160];
     int rc;
 
     if (r->err != 0 || (r->box ? weft__box_wait(r) : weft__reap(r)))
@@ -97,14 +109,9 @@ void weft__pass_wait(weft__pass *r)
     } else if (r->err != 0)
         /* A completion failed the pass meanwhile: the first cause wins. */
         return;
-    else if (rc == WEFT_ETIMEDOUT) {
-        describe_wait(r, what, sizeof what);
-        rc = weft__set_error(c, rc,
-                             "rank %d: %s passed its deadline of %d ms "
-                             "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
-                             "for %s",
-                             c->rank, name, r->k->timeout_ms, what);
-    } else {
+    else if (rc == WEFT_ETIMEDOUT)
+        rc = deadline_passed(r);
+    else {
         /* The transport recorded its cause; the first one stands. */
         rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank, name,
                              weft_strerror(rc));
@@ -116,7 +123,6 @@ void weft__passes_wait(weft__pass *const *ps, int n)
 {
     weft__ctx *c = ps[0]->c;
     uint64_t deadline = UINT64_MAX, now;
-    char what[160];
     int rc;
 
     if (n == 1) {
@@ -156,18 +162,9 @@ void weft__passes_wait(weft__pass *const *ps, int n)
     if (rc == WEFT_ETIMEDOUT) {
         /* Each operation has its own deadline: those past theirs fail. */
         now = weft__now_ms();
-        for (int i = 0; i < n; i++) {
-            run *r = ps[i];
-
-            if (now < r->k->deadline_ms)
-                continue;
-            describe_wait(r, what, sizeof what);
-            r->err = weft__set_error(
-                c, WEFT_ETIMEDOUT,
-                "rank %d: %s passed its deadline of %d ms "
-                "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting for %s",
-                c->rank, r->k->name, r->k->timeout_ms, what);
-        }
+        for (int i = 0; i < n; i++)
+            if (now >= ps[i]->k->deadline_ms)
+                ps[i]->err = deadline_passed(ps[i]);
         return;
     }
     rc = weft__set_error(c, rc, "rank %d: %s failed: %s", c->rank,

@@ -8,7 +8,6 @@
 #include "engine/plan.h"
 
 #include <assert.h>
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,21 +95,6 @@ static void txq_push(txq *q, txw *w)
 static int run_p2p(const run *r)
 {
     return r->k->kind == WEFT__OP_P2P;
-}
-
-/* Wire w's region of len bytes (elements of esize) over nw wires. */
-static weft__region wire_region(const weft__ctx *c, size_t len, size_t esize,
-                                int nw, int w)
-{
-    weft__region reg = {0, 0};
-    int used;
-
-    if (len == 0 || nw <= 0)
-        return reg;
-    used = weft__plan_wires(len, nw, c->cfg->min_wire_bytes);
-    if (w >= used)
-        return reg;
-    return weft__plan_region(len, used, esize, w);
 }
 
 /* A lane's header came: checked against what the lane expects. */
@@ -211,8 +195,8 @@ static int unexp_read(weft__ctx *c, rxq *q)
     weft__hdr_decode(q->hdr, &h);
     if (h.dtype >= 10)
         return -1;
-    reg = wire_region(c, h.total, weft_dtype_size((weft_dtype)h.dtype),
-                      c->tpo->nwires(c->tp, q->peer), q->w);
+    reg = weft__wire_region(c, h.total, weft_dtype_size((weft_dtype)h.dtype),
+                            c->tpo->nwires(c->tp, q->peer), q->w);
     if (reg.len == 0 || e->unexp_bytes + reg.len > UNEXP_MAX)
         return -1;
     if ((u = calloc(1, sizeof *u)) == NULL)
@@ -390,7 +374,7 @@ int weft__tx_take(run *r, wstate *ws)
 }
 
 /* The stream's owner posted its last frame: the next in line starts. */
-static void tx_next(weft__ctx *c, txq *q)
+static void tx_next(txq *q)
 {
     while (q->owner == NULL && q->head != NULL) {
         txw *w = q->head;
@@ -406,7 +390,6 @@ static void tx_next(weft__ctx *c, txq *q)
         q->owner = w->ws;
         weft__pump_lane(w->ws->run, w->ws->lane);
     }
-    (void)c;
 }
 
 /* Forgets every stream's state (the transport was shut down: nothing is
@@ -443,7 +426,7 @@ void weft__tx_done(run *r, wstate *ws)
 
     if (q->owner == ws) {
         q->owner = NULL;
-        tx_next(r->c, q);
+        tx_next(q);
     }
 }
 
@@ -482,13 +465,10 @@ int weft__wires_init(weft__ctx *c, struct weft__engine *e)
         e->tx = NULL;
         return -1;
     }
-    for (int p = 0; p < c->nranks; p++)
-        for (int w = 0; w < e->maxw; w++) {
-            rxq *q = &e->rx[(size_t)p * (size_t)e->maxw + (size_t)w];
-
-            q->c = c;
-            q->peer = p;
-            q->w = w;
-        }
+    for (size_t i = 0; i < n; i++) {
+        e->rx[i].c = c;
+        e->rx[i].peer = (int)(i / (size_t)e->maxw);
+        e->rx[i].w = (int)(i % (size_t)e->maxw);
+    }
     return 0;
 }
