@@ -80,13 +80,91 @@ static char *info_make(const weft_comm *c)
     return s;
 }
 
+/* Connects c to its peers (a job of more than one rank) over the
+ * transport its configuration picks, within the connect deadline. */
+static int connect_comm(weft_comm *c, int listen_fd)
+{
+    int rc;
+
+    c->x.tpo = pick_transport(&c->cfg);
+    if (c->x.tpo == NULL) {
+        snprintf(init_errmsg, sizeof init_errmsg,
+                 "transport \"%s\" is not available in this build of weft "
+                 "(the ibverbs transport is built only where configure "
+                 "finds libibverbs-dev); use WEFT_TRANSPORT=tcp",
+                 c->cfg.transport);
+        return WEFT_ENOTSUP;
+    }
+    if (c->x.nranks == 1)
+        return WEFT_OK;
+    c->tpp = calloc(1, sizeof *c->tpp);
+    if (c->tpp == NULL)
+        return WEFT_ENOMEM;
+    *c->tpp = (weft__tp_params){
+        .cfg = &c->cfg,
+        .rank = c->x.rank,
+        .nranks = c->x.nranks,
+        .wires = c->cfg.wires,
+        .timeout_ms = c->x.timeout_ms,
+        /* One deadline for the whole set-up, whatever layers it takes
+         * (the ibverbs transport's exchange runs over the TCP one's
+         * wires, the comparison of settings after both). */
+        .deadline_ms = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms,
+        .sink = &c->x.fail,
+        .listen_fd = listen_fd,
+    };
+    rc = c->x.tpo->create(c->tpp, &c->x.tp);
+    c->tpp->listen_fd = -1; /* closed by the caller; the transport has its
+                               own */
+    if (rc != 0)
+        snprintf(init_errmsg, sizeof init_errmsg, "%s",
+                 c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg);
+    for (int p = 0; rc == 0 && p < c->x.nranks; p++)
+        if (p != c->x.rank && c->x.tpo->nwires(c->x.tp, p) == 0)
+            c->relays = 1;
+    return rc;
+}
+
+/* The configuration of c, checked against the listener's socket. */
+static int configure(weft_comm *c, const weft_config *uc, int listen_fd)
+{
+    int rc = weft__config_load(&c->cfg, uc, init_errmsg, sizeof init_errmsg);
+    int port = listen_fd >= 0 ? weft__fd_port(listen_fd) : 0;
+
+    if (rc != 0)
+        return rc;
+    if (listen_fd >= 0 &&
+        port != weft__config_rank_port(&c->cfg, c->cfg.rank)) {
+        snprintf(
+            init_errmsg, sizeof init_errmsg,
+            "weft_config.listener listens on port %d but %.200s gives rank "
+            "%d port %d; give this rank the address "
+            "weft_listener_open wrote",
+            port, c->cfg.hostfile, c->cfg.rank,
+            weft__config_rank_port(&c->cfg, c->cfg.rank));
+        return WEFT_ECONFIG;
+    }
+    c->x.cfg = &c->cfg;
+    c->x.rank = c->cfg.rank;
+    c->x.nranks = c->cfg.nranks;
+    c->x.timeout_ms = c->cfg.timeout_ms;
+    c->x.fail.rank = c->x.rank;
+    atomic_init(&c->x.aborted, 0);
+    c->x.send_seq = calloc((size_t)c->x.nranks, sizeof *c->x.send_seq);
+    c->x.recv_seq = calloc((size_t)c->x.nranks, sizeof *c->x.recv_seq);
+    if (c->x.send_seq == NULL || c->x.recv_seq == NULL ||
+        weft__sched_init(c) != 0)
+        return WEFT_ENOMEM;
+    return WEFT_OK;
+}
+
 /* weft_init (uc NULL) and weft_init_config: what = the caller's name. The
  * listener's socket, where there is one, is closed here on every path (the
  * transport listens on its own copy). */
 static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
 {
     weft_listener *l = uc != NULL ? uc->listener : NULL;
-    int listen_fd = weft__listener_take(l), port;
+    int listen_fd = weft__listener_take(l);
     weft_comm *c;
     int rc;
 
@@ -102,96 +180,37 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
         rc = WEFT_ENOMEM;
         goto out;
     }
-    rc = weft__config_load(&c->cfg, uc, init_errmsg, sizeof init_errmsg);
-    if (rc != 0)
+    if ((rc = configure(c, uc, listen_fd)) != 0 ||
+        (rc = connect_comm(c, listen_fd)) != 0)
         goto fail;
-    port = listen_fd >= 0 ? weft__fd_port(listen_fd) : 0;
-    if (listen_fd >= 0 &&
-        port != weft__config_rank_port(&c->cfg, c->cfg.rank)) {
-        snprintf(
-            init_errmsg, sizeof init_errmsg,
-            "weft_config.listener listens on port %d but %.200s gives rank "
-            "%d port %d; give this rank the address "
-            "weft_listener_open wrote",
-            port, c->cfg.hostfile, c->cfg.rank,
-            weft__config_rank_port(&c->cfg, c->cfg.rank));
-        rc = WEFT_ECONFIG;
-        goto fail;
-    }
-    c->x.cfg = &c->cfg;
-    c->x.rank = c->cfg.rank;
-    c->x.nranks = c->cfg.nranks;
-    c->x.timeout_ms = c->cfg.timeout_ms;
-    c->x.fail.rank = c->x.rank;
-    atomic_init(&c->x.aborted, 0);
-    c->x.tpo = pick_transport(&c->cfg);
-    if (c->x.tpo == NULL) {
-        snprintf(init_errmsg, sizeof init_errmsg,
-                 "transport \"%s\" is not available in this build of weft "
-                 "(the ibverbs transport is built only where configure "
-                 "finds libibverbs-dev); use WEFT_TRANSPORT=tcp",
-                 c->cfg.transport);
-        rc = WEFT_ENOTSUP;
-        goto fail;
-    }
-    c->x.send_seq = calloc((size_t)c->x.nranks, sizeof *c->x.send_seq);
-    c->x.recv_seq = calloc((size_t)c->x.nranks, sizeof *c->x.recv_seq);
-    if (c->x.send_seq == NULL || c->x.recv_seq == NULL ||
-        (rc = weft__sched_init(c)) != 0) {
-        rc = WEFT_ENOMEM;
-        goto fail;
-    }
-    if (c->x.nranks > 1) {
-        c->tpp = calloc(1, sizeof *c->tpp);
-        if (c->tpp == NULL) {
-            rc = WEFT_ENOMEM;
-            goto fail;
-        }
-        *c->tpp = (weft__tp_params){
-            .cfg = &c->cfg,
-            .rank = c->x.rank,
-            .nranks = c->x.nranks,
-            .wires = c->cfg.wires,
-            .timeout_ms = c->x.timeout_ms,
-            /* One deadline for the whole set-up, whatever layers it takes
-             * (the ibverbs transport's exchange runs over the TCP one's
-             * wires). */
-            .deadline_ms = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms,
-            .sink = &c->x.fail,
-            .listen_fd = listen_fd,
-        };
-        rc = c->x.tpo->create(c->tpp, &c->x.tp);
-        c->tpp->listen_fd = -1; /* closed below; the transport has its own */
-        if (rc != 0) {
-            snprintf(init_errmsg, sizeof init_errmsg, "%s",
-                     c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg);
-            goto fail;
-        }
-    }
-    for (int p = 0; p < c->x.nranks; p++)
-        if (p != c->x.rank && c->x.tpo->nwires(c->x.tp, p) == 0)
-            c->relays = 1;
     if (c->x.tp != NULL) {
         weft__box_init(&c->x);
         weft__pull_init(&c->x);
     }
-    if ((rc = weft__tune_init(&c->tune, &c->x, init_errmsg,
-                              sizeof init_errmsg)) != 0)
+    /* A table this rank cannot run fails every rank, told as the ranks
+     * compare their settings (below). */
+    rc = weft__tune_init(&c->tune, &c->x, init_errmsg, sizeof init_errmsg);
+    if (rc != 0 && c->x.tp == NULL)
         goto fail;
-    if ((c->info = info_make(c)) == NULL) {
+    if (rc == 0 && (c->info = info_make(c)) == NULL) {
         rc = WEFT_ENOMEM;
         goto fail;
     }
-    if (c->x.rank == 0 && getenv("WEFT_PRINT_CONFIG") != NULL)
+    if (rc == 0 && c->x.rank == 0 && getenv("WEFT_PRINT_CONFIG") != NULL)
         /* weftrun --print-config */
         fprintf(stderr, "weft: %s\n", c->info);
     /* A rank that forwards relayed messages keeps doing it between its
      * own operations. */
-    if (c->relays && (rc = weft__sched_relays(c)) != 0) {
+    if (c->relays && weft__sched_relays(c) != 0) {
         snprintf(init_errmsg, sizeof init_errmsg,
                  "cannot start the progress thread");
+        rc = WEFT_ENOMEM;
         goto fail;
     }
+    if (c->x.tp != NULL &&
+        (rc = weft__settings_agree(c, rc, c->tpp->deadline_ms, init_errmsg,
+                                   sizeof init_errmsg)) != 0)
+        goto fail;
     weft__log(WEFT__LOG_DEBUG, c->x.rank, "initialised: %d ranks over %s",
               c->x.nranks, c->x.tpo->name);
     *out = c;

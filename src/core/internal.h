@@ -56,6 +56,17 @@ typedef struct weft__opdesc {
     int batch; /* consecutive calls may run as one (tune.h) */
 } weft__opdesc;
 
+/* ---- settings.c ---- */
+
+/* Compares the settings every rank must give alike (and the tuning table)
+ * across c's ranks, by the connect deadline: WEFT_OK where all agree and
+ * none failed on its own; else the same WEFT_ECONFIG on every rank,
+ * errmsg naming the setting or the rank's own error (own_rc non-zero:
+ * this rank's, in errmsg on entry), or the error that stopped the
+ * comparison. */
+int weft__settings_agree(weft_comm *c, int own_rc, uint64_t deadline_ms,
+                         char *errmsg, size_t errlen);
+
 /* ---- request.c ---- */
 
 /* Sets up c's requests (the progress thread starts when first needed). */

@@ -247,21 +247,130 @@ static int base_algo(int kind, int on)
 
 /* ---- the defaults ---- */
 
+/* The all_reduce by one-copy reads (coll/pull.c; WEFT_ALGO's "pull"), by
+ * default from PULL_ALL_REDUCE_BYTES per rank (count * size; WEFT_ALGO
+ * overrides it): where every rank is on this host and each
+ * can read the others' memory, each rank reads its share of every peer's
+ * input and reduces it, then reads every other share from its owner,
+ * with WEFT_PULL_THREADS threads. Unset, the threads are the host's cores
+ * per rank on it (at most PULL_MAX_THREADS, and at most the cores this
+ * process may run on), and the algorithm is off below 2 cores per rank,
+ * where one thread loses to the ring (16-core host, 8 and 16 ranks:
+ * 2.2-3.2 GB/s against 2.5-4.5). From 4 MiB it beats the ring at 2, 4
+ * and 8 ranks of the 16-core host (at 1 MiB they are even); see
+ * docs/performance.md. */
+#define WEFT__PULL_ALL_REDUCE_BYTES (4 * 1024 * 1024)
+/* The same reads for all_gather (a rank's block), reduce_scatter (a
+ * rank's block) and broadcast (the buffer), by default from these sizes
+ * (WEFT_ALGO overrides them). On the
+ * 16-core host (2, 4, 8 ranks; docs/performance.md) the all_gather led
+ * the frames from blocks of 4-8 MiB (below, frames were as fast or
+ * faster: their one-copy reads move the same bytes), the reduce_scatter
+ * from blocks of 1 MiB (its reductions gain from the threads), the
+ * broadcast at 64 MiB but not always at 16 (every rank reads the root's
+ * buffer at once; the frames' chain was faster below at 4 and 8 ranks):
+ * from 32 MiB. */
+#define WEFT__PULL_ALL_GATHER_BYTES (4 * 1024 * 1024)
+#define WEFT__PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
+#define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
+/* Default thresholds between algorithms, measured with bench/thresholds:
+ * where the default rows switch (WEFT_ALGO overrides them).
+ * - Up to SMALL_ALL_REDUCE_BYTES gathered (count * size * nranks),
+ *   all_reduce gathers every input and reduces locally in rank order: one
+ *   exchange with every peer where all are directly connected, else n-1
+ *   ring steps, instead of the 2n-2 steps of reduce-scatter + all-gather.
+ * - Under the mesh, MESH_SMALL_ALL_REDUCE_BYTES (topo.h) plays that part.
+ * - Among ranks that are all wired to each other without the mesh (one
+ *   host's ranks, topology auto), SMALL_ALL_REDUCE_BYTES applies where n
+ *   is not a power of two; where it is, recursive doubling (log2(n)
+ *   rounds, each moving the whole vector) runs up to
+ *   DOUBLING_ALL_REDUCE_BYTES per rank (count * size, not gathered:
+ *   measured at 32 KiB per rank at 2, 4 and 8 ranks alike).
+ * - Past those, up to HALVING_ALL_REDUCE_BYTES per rank where n is a
+ *   power of two, HALVING_FOLD_ALL_REDUCE_BYTES where not (the fold sends
+ *   the whole vector to a neighbour and back, which costs at large
+ *   sizes), the same ranks run recursive halving + doubling (2 log2(n)
+ *   rounds, +2 where n is not a power of two) instead of the ring's 2n-2
+ *   steps, from 4 ranks on. See docs/performance.md, "The mid-size
+ *   cliff". */
+#define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
+#define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
+/* From this many ranks, all of one host and through shared memory,
+ * doubling's log2(n) rounds of the whole vector lose to halving earlier:
+ * at 16 ranks on the 16-core host, 16 KiB per rank took 35-51 us by
+ * doubling and 26-29 by halving, 32 KiB 55-62 against 36-40, and the two
+ * tie at 4-8 KiB (docs/performance.md, "Recursive doubling"). */
+#define WEFT__DOUBLING_WIDE_RANKS 16
+#define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
+/* Below that many ranks, all of one host and through shared memory, the
+ * switch is at 16 KiB: on the 16-core host (3 alternating rounds of 400
+ * calls, 61ba9cf) 32 KiB per rank took 29.7-33.0 us by doubling and
+ * 23.6-25.5 by halving at 8 ranks, 18.9 against 17.1-17.3 at 4; at 16 KiB
+ * the two were within 10% (docs/performance.md, "Recursive doubling"). */
+#define WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES (16 * 1024)
+#define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
+/* The same where every rank of the job is on one host: there the ring's
+ * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through
+ * shared memory and up to 1 MiB over loopback TCP (16-core host, 8 ranks,
+ * 512 KiB: 0.5-1.0 GB/s busbw by the ring, 2.7-4.5 by halving through
+ * shared memory, 1.5-2.0 over TCP; docs/performance.md, "Recursive
+ * halving + doubling: the mid-size cliff"). */
+#define WEFT__HALVING_SHM_ALL_REDUCE_BYTES (8 * 1024 * 1024)
+#define WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES (1024 * 1024)
+#define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
+/* Where hosts run several ranks each (weft__hier_local), all_reduce from
+ * HIER_ALL_REDUCE_BYTES per rank (count * size) runs hierarchically:
+ * a reduce-scatter among each host's ranks, an all_reduce of each chunk
+ * among the ranks that hold it (one per host) over the cables, and an
+ * all-gather within each host, so each byte crosses a cable once per host
+ * instead of once per rank. The default; WEFT_ALGO overrides it (rows
+ * without "hier" keep the flat algorithms at every size). */
+#define WEFT__HIER_ALL_REDUCE_BYTES (64 * 1024)
+/* (The defaults: where the hierarchical path wins on 2 hosts x 2 ranks
+ * and a cable shaped to 5 Gbit/s, docs/performance.md.) The same hosts:
+ * all_gather and reduce_scatter from this many bytes per
+ * rank's block (count * size) run hierarchically, all_gather across the
+ * hosts then within each host, reduce_scatter the mirror (coll/hier.h).
+ * The defaults; WEFT_ALGO overrides them. */
+#define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
+#define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
+/* The same hosts with the mesh in effect: broadcast of this many bytes
+ * (count * size) and more runs the ring's chain instead of the mesh's
+ * scatter + all-gather. A host's ranks are consecutive on the ring, so
+ * each byte crosses each cable once, where the mesh's all-gather sends
+ * every rank's chunk to every rank of every other host (L times). The
+ * default; WEFT_ALGO overrides it. */
+#define WEFT__HIER_BROADCAST_BYTES (64 * 1024)
+
 static void add(weft__tune *t, int op, size_t lo, size_t hi, int algo)
 {
     if (t->nrows < WEFT__TUNE_MAX_ROWS && lo <= hi)
         t->rows[t->nrows++] = (weft__tune_row){op, lo, hi, algo};
 }
 
-/* The rows of cfg's measured thresholds (topo.h says where each comes
- * from) for env, in the order they are tried. */
+/* The rows of the measured thresholds above for cfg's job and env, in
+ * the order they are tried. */
 static void defaults(weft__tune *t, const weft__config *cfg,
                      const weft__tune_env *env)
 {
     const int on = env->on, n = cfg->nranks;
     const size_t nr = (size_t)n;
-    const int hier = cfg->hier && cfg->hier_local >= 2;
+    const int hier = cfg->hier_local >= 2;
     const int pull = env->pull && on != WEFT__ON_RING;
+    /* Every peer of this job is a rank of this host: halving's fewer,
+     * larger rounds beat the ring up to several MiB through shared memory
+     * and up to 1 MiB over loopback TCP. Across hosts the defaults stay
+     * the ones measured over cables. */
+    const int one_host = cfg->nhosts == 1 && strcmp(cfg->transport, "tcp") == 0;
+    const size_t halving = one_host && cfg->shm
+                               ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
+                           : one_host ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
+                                      : WEFT__HALVING_ALL_REDUCE_BYTES;
+    const size_t doubling =
+        one_host && cfg->shm && n >= WEFT__DOUBLING_WIDE_RANKS
+            ? WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES
+        : one_host && cfg->shm ? WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES
+                               : WEFT__DOUBLING_ALL_REDUCE_BYTES;
     /* Bytes per rank whose gathered size (times n) is within x. */
 #define PER_RANK(x) ((x) / nr)
 
@@ -274,28 +383,26 @@ static void defaults(weft__tune *t, const weft__config *cfg,
     if (env->box != 0)
         add(t, WEFT__OP_ALL_REDUCE, 0, cfg->box_bytes, WEFT__ALGO_BOX);
     if (hier)
-        add(t, WEFT__OP_ALL_REDUCE, cfg->hier_all_reduce_bytes, NOLIMIT,
+        add(t, WEFT__OP_ALL_REDUCE, WEFT__HIER_ALL_REDUCE_BYTES, NOLIMIT,
             WEFT__ALGO_HIER);
-    if (pull && cfg->pull_all_reduce_bytes != 0)
-        add(t, WEFT__OP_ALL_REDUCE, cfg->pull_all_reduce_bytes, NOLIMIT,
+    if (pull && WEFT__PULL_ALL_REDUCE_BYTES != 0)
+        add(t, WEFT__OP_ALL_REDUCE, WEFT__PULL_ALL_REDUCE_BYTES, NOLIMIT,
             WEFT__ALGO_PULL);
     if (on == WEFT__ON_MESH)
         add(t, WEFT__OP_ALL_REDUCE, 0,
-            PER_RANK(cfg->mesh_small_all_reduce_bytes), WEFT__ALGO_GATHER);
+            PER_RANK(WEFT__MESH_SMALL_ALL_REDUCE_BYTES), WEFT__ALGO_GATHER);
     if (on == WEFT__ON_DIRECT) {
         if (pow2(n))
-            add(t, WEFT__OP_ALL_REDUCE, 0, cfg->doubling_all_reduce_bytes,
-                WEFT__ALGO_DOUBLING);
-        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(cfg->small_all_reduce_bytes),
+            add(t, WEFT__OP_ALL_REDUCE, 0, doubling, WEFT__ALGO_DOUBLING);
+        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(WEFT__SMALL_ALL_REDUCE_BYTES),
             WEFT__ALGO_GATHER);
         if (cannot(WEFT__ALGO_HALVING, cfg, env) == NULL)
             add(t, WEFT__OP_ALL_REDUCE, 0,
-                pow2(n) ? cfg->halving_all_reduce_bytes
-                        : cfg->halving_fold_all_reduce_bytes,
+                pow2(n) ? halving : WEFT__HALVING_FOLD_ALL_REDUCE_BYTES,
                 WEFT__ALGO_HALVING);
     }
     if (on == WEFT__ON_RING)
-        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(cfg->small_all_reduce_bytes),
+        add(t, WEFT__OP_ALL_REDUCE, 0, PER_RANK(WEFT__SMALL_ALL_REDUCE_BYTES),
             WEFT__ALGO_GATHER);
     /* all_gather and reduce_scatter (a rank's block): the box (a
      * reduce_scatter's whole input), hierarchical, one-copy reads. */
@@ -305,27 +412,27 @@ static void defaults(weft__tune *t, const weft__config *cfg,
             WEFT__ALGO_BOX);
     }
     if (hier) {
-        add(t, WEFT__OP_ALL_GATHER, cfg->hier_all_gather_bytes, NOLIMIT,
+        add(t, WEFT__OP_ALL_GATHER, WEFT__HIER_ALL_GATHER_BYTES, NOLIMIT,
             WEFT__ALGO_HIER);
-        add(t, WEFT__OP_REDUCE_SCATTER, cfg->hier_reduce_scatter_bytes, NOLIMIT,
-            WEFT__ALGO_HIER);
+        add(t, WEFT__OP_REDUCE_SCATTER, WEFT__HIER_REDUCE_SCATTER_BYTES,
+            NOLIMIT, WEFT__ALGO_HIER);
     }
-    if (pull && cfg->pull_all_gather_bytes != 0)
-        add(t, WEFT__OP_ALL_GATHER, cfg->pull_all_gather_bytes, NOLIMIT,
+    if (pull && WEFT__PULL_ALL_GATHER_BYTES != 0)
+        add(t, WEFT__OP_ALL_GATHER, WEFT__PULL_ALL_GATHER_BYTES, NOLIMIT,
             WEFT__ALGO_PULL);
-    if (pull && cfg->pull_reduce_scatter_bytes != 0)
-        add(t, WEFT__OP_REDUCE_SCATTER, cfg->pull_reduce_scatter_bytes, NOLIMIT,
-            WEFT__ALGO_PULL);
+    if (pull && WEFT__PULL_REDUCE_SCATTER_BYTES != 0)
+        add(t, WEFT__OP_REDUCE_SCATTER, WEFT__PULL_REDUCE_SCATTER_BYTES,
+            NOLIMIT, WEFT__ALGO_PULL);
     /* broadcast: the box; where hosts run several ranks each under the
      * mesh, large, the ring's chain (each byte crosses each cable once:
      * a host's ranks are consecutive on the ring); one-copy reads. */
     if (env->box != 0)
         add(t, WEFT__OP_BROADCAST, 0, cfg->box_bytes, WEFT__ALGO_BOX);
     if (hier && on == WEFT__ON_MESH)
-        add(t, WEFT__OP_BROADCAST, cfg->hier_broadcast_bytes, NOLIMIT,
+        add(t, WEFT__OP_BROADCAST, WEFT__HIER_BROADCAST_BYTES, NOLIMIT,
             WEFT__ALGO_RING);
-    if (pull && cfg->pull_broadcast_bytes != 0)
-        add(t, WEFT__OP_BROADCAST, cfg->pull_broadcast_bytes, NOLIMIT,
+    if (pull && WEFT__PULL_BROADCAST_BYTES != 0)
+        add(t, WEFT__OP_BROADCAST, WEFT__PULL_BROADCAST_BYTES, NOLIMIT,
             WEFT__ALGO_PULL);
     if (env->box != 0)
         add(t, WEFT__OP_BARRIER, 0, NOLIMIT, WEFT__ALGO_BOX);

@@ -9,8 +9,10 @@
 #endif
 #include "base/parse.h"
 #include "topo/hostfile.h"
+#include "topo/params.h"
 #include "topo/topo.h"
 
+#include <ctype.h>
 #include <limits.h>
 #include <sched.h>
 #include <stdio.h>
@@ -96,18 +98,69 @@ static int env_int(const char *name, long lo, long hi, long dflt, long *out,
     return WEFT_OK;
 }
 
-/* A weft_config field (set: non-zero) or, where it is left zero, the
- * environment variable name as env_int reads it. */
-static int field_int(const char *field, int set, const char *name, long lo,
-                     long hi, long dflt, long *out, char *errmsg, size_t errlen)
+/* Numeric setting d (params.c): weft_config's field where it has one and
+ * it is set (non-zero), else its variable, else its default (-1 where it
+ * is computed from the job). */
+static int load_num(const weft__param *d, const weft_config *uc, long *out,
+                    char *errmsg, size_t errlen)
 {
-    if (set == 0)
-        return env_int(name, lo, hi, dflt, out, errmsg, errlen);
-    if (set < lo || set > hi)
-        return CFG_ERR("weft_config.%s = %d is not in [%ld, %ld] (0: %s or "
-                       "the default)",
-                       field, set, lo, hi, name);
-    *out = set;
+    int set = 0;
+    int rc;
+
+    if (uc != NULL && d->uc_off >= 0)
+        memcpy(&set, (const char *)uc + d->uc_off, sizeof set);
+    if (set != 0) {
+        char field[48];
+        size_t i;
+
+        /* The field is the variable's name without WEFT_, in lower case. */
+        for (i = 0; d->name[5 + i] != '\0' && i + 1 < sizeof field; i++)
+            field[i] = (char)tolower((unsigned char)d->name[5 + i]);
+        field[i] = '\0';
+        if (set < d->lo || set > d->hi)
+            return CFG_ERR("weft_config.%s = %d is not in [%ld, %ld] (0: %s "
+                           "or the default)",
+                           field, set, d->lo, d->hi, d->name);
+        *out = set;
+        return WEFT_OK;
+    }
+    if ((rc = env_int(d->name, d->lo, d->hi, d->dflt, out, errmsg, errlen)) !=
+        0)
+        return rc;
+    if ((d->flags & WEFT__PF_POW2) && (*out & (*out - 1)) != 0)
+        return CFG_ERR("%s=%ld is not a power of two", d->name, *out);
+    return WEFT_OK;
+}
+
+/* Every numeric setting into cfg's fields, and as read into raw (-1:
+ * unset, where the job decides: resolve_auto). */
+static int load_params(weft__config *cfg, const weft_config *uc, long *raw,
+                       char *errmsg, size_t errlen)
+{
+    for (int p = 0; p < WEFT__P_COUNT; p++) {
+        const weft__param *d = &weft__params[p];
+        char *at = (char *)cfg + d->off;
+        int rc, i;
+        size_t z;
+
+        if (d->type != WEFT__PT_INT && d->type != WEFT__PT_SIZE)
+            continue;
+        if ((rc = load_num(d, uc, &raw[p], errmsg, errlen)) != 0)
+            return rc;
+        i = (int)raw[p];
+        z = (size_t)raw[p];
+        if (d->type == WEFT__PT_INT)
+            memcpy(at, &i, sizeof i);
+        else
+            memcpy(at, &z, sizeof z);
+    }
+    cfg->frame_bytes &= ~(size_t)7; /* whole elements of any dtype */
+    if (cfg->sockbuf_bytes != 0 && cfg->sockbuf_bytes < SOCKBUF_MIN_BYTES)
+        return CFG_ERR("WEFT_SOCKBUF_BYTES=%d is below the floor of %d "
+                       "bytes (smaller buffers stall TCP); set it to at "
+                       "least %d, or to 0 for the kernel's autotuning",
+                       cfg->sockbuf_bytes, SOCKBUF_MIN_BYTES,
+                       SOCKBUF_MIN_BYTES);
     return WEFT_OK;
 }
 
@@ -287,123 +340,63 @@ static const char *field_str(const char *field, const char *name)
     return s != NULL && *s != '\0' ? s : NULL;
 }
 
-int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
-                      size_t errlen)
+/* The settings computed from the job where they are unset (raw[p] -1):
+ * the helper threads and the passes they take, by the host's cores per
+ * rank; the reducer's passes also by whether the job is on one host. */
+static void resolve_auto(weft__config *cfg, const long *raw, int one_host)
 {
-    const char *s;
-    long v, pass_bytes, thread;
-    int send_forced;
-    weft__hostfile_out view;
-    int rc, one_host;
-
-    memset(cfg, 0, sizeof *cfg);
-    strcpy(cfg->transport, "tcp");
-    strcpy(cfg->topology, "auto");
-    if ((rc = load_rank_size(cfg, uc, errmsg, errlen)) != 0)
-        return rc;
-    if ((rc = field_int("timeout_ms", uc ? uc->timeout_ms : 0,
-                        "WEFT_TIMEOUT_MS", 1, INT_MAX, WEFT__DEFAULT_TIMEOUT_MS,
-                        &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->timeout_ms = (int)v;
-    if ((rc = field_int("connect_timeout_ms", uc ? uc->connect_timeout_ms : 0,
-                        "WEFT_CONNECT_TIMEOUT_MS", 1, INT_MAX,
-                        WEFT__DEFAULT_CONNECT_TIMEOUT_MS, &v, errmsg,
-                        errlen)) != 0)
-        return rc;
-    cfg->connect_timeout_ms = (int)v;
-    if ((rc = field_int("wires", uc ? uc->wires : 0, "WEFT_WIRES", 1, 16, 1, &v,
-                        errmsg, errlen)) != 0)
-        return rc;
-    cfg->wires = (int)v;
-    if ((rc = env_int("WEFT_FRAME_BYTES", 4096, 64L << 20,
-                      WEFT__DEFAULT_FRAME_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->frame_bytes = (size_t)v & ~(size_t)7; /* whole elements of any dtype */
-    if ((rc = env_int("WEFT_SOCKBUF_BYTES", 0, 1L << 30,
-                      WEFT__DEFAULT_SOCKBUF_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    if (v != 0 && v < SOCKBUF_MIN_BYTES)
-        return CFG_ERR("WEFT_SOCKBUF_BYTES=%ld is below the floor of %d "
-                       "bytes (smaller buffers stall TCP); set it to at "
-                       "least %d, or to 0 for the kernel's autotuning",
-                       v, SOCKBUF_MIN_BYTES, SOCKBUF_MIN_BYTES);
-    cfg->sockbuf_bytes = (int)v;
-    if ((rc = env_int("WEFT_MIN_WIRE_BYTES", 1, 1L << 30, WEFT__MIN_WIRE_BYTES,
-                      &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->min_wire_bytes = (size_t)v;
-    /* The thresholds between algorithms: the tuning table's defaults
-     * (core/tune.c), which WEFT_ALGO overrides. */
-    cfg->small_all_reduce_bytes = WEFT__SMALL_ALL_REDUCE_BYTES;
-    cfg->mesh_small_all_reduce_bytes = WEFT__MESH_SMALL_ALL_REDUCE_BYTES;
-    cfg->box_bytes = box_bytes(cfg->nranks);
-    cfg->halving_fold_all_reduce_bytes = WEFT__HALVING_FOLD_ALL_REDUCE_BYTES;
-    cfg->hier = 1;
-    cfg->hier_all_reduce_bytes = WEFT__HIER_ALL_REDUCE_BYTES;
-    cfg->hier_all_gather_bytes = WEFT__HIER_ALL_GATHER_BYTES;
-    cfg->hier_reduce_scatter_bytes = WEFT__HIER_REDUCE_SCATTER_BYTES;
-    cfg->hier_broadcast_bytes = WEFT__HIER_BROADCAST_BYTES;
-    cfg->pull_all_reduce_bytes = WEFT__PULL_ALL_REDUCE_BYTES;
-    cfg->pull_all_gather_bytes = WEFT__PULL_ALL_GATHER_BYTES;
-    cfg->pull_reduce_scatter_bytes = WEFT__PULL_REDUCE_SCATTER_BYTES;
-    cfg->pull_broadcast_bytes = WEFT__PULL_BROADCAST_BYTES;
-    if ((rc = env_int("WEFT_BIDIR_MIN_BYTES", 0, 1L << 40,
-                      WEFT__BIDIR_MIN_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->bidir_min_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_REDUCE_THREAD_MIN_BYTES", 1, 1L << 30,
-                      WEFT__REDUCE_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->reduce_thread_min_bytes = (size_t)v;
-    /* Unset: its default depends on the transport (below). */
-    if ((rc = env_int("WEFT_REDUCE_THREAD_PASS_BYTES", 0, 1L << 40, -1, &v,
-                      errmsg, errlen)) != 0)
-        return rc;
-    pass_bytes = v;
-
-    rc = WEFT_OK;
-    if (uc != NULL && uc->token != NULL)
-        rc = load_token(cfg, "weft_config.token", uc->token, errmsg, errlen);
-    else if ((s = getenv("WEFT_JOB_TOKEN")) != NULL && *s != '\0')
-        rc = load_token(cfg, "WEFT_JOB_TOKEN", s, errmsg, errlen);
-    if (rc != 0)
-        return rc;
-
-    if ((rc = load_hostfile(cfg, uc, errmsg, errlen)) != 0)
-        return rc;
-    if ((rc = env_int("WEFT_REDUCE_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
-        return rc;
-    thread = v;
     cfg->spare_cores = cores_per_rank(cfg, WEFT__REDUCE_THREAD_CORES);
     cfg->own_core = cores_per_rank(cfg, 1);
-    cfg->reduce_thread = v >= 0 ? (int)v : cfg->spare_cores;
-    if ((rc = env_int("WEFT_SEND_THREAD", 0, 1, -1, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->send_thread = v >= 0 ? (int)v : cfg->spare_cores;
-    send_forced = v == 1;
-    if ((rc = env_int("WEFT_SEND_THREAD_MIN_BYTES", 1, 1L << 30,
-                      WEFT__SEND_THREAD_MIN_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->send_thread_min_bytes = (size_t)v;
-    /* WEFT_SEND_THREAD=1 asks for the thread in every pass, as the
-     * reducer's does. */
-    if ((rc = env_int("WEFT_SEND_THREAD_PASS_BYTES", 0, 1L << 40,
-                      send_forced ? 0
-                      : cores_per_rank(cfg, WEFT__SEND_THREAD_CORES)
-                          ? WEFT__SEND_THREAD_PASS_BYTES
-                          : WEFT__SEND_THREAD_SHARED_PASS_BYTES,
-                      &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->send_thread_pass_bytes = (size_t)v;
+    if (raw[WEFT__P_REDUCE_THREAD] < 0)
+        cfg->reduce_thread = cfg->spare_cores;
+    if (raw[WEFT__P_SEND_THREAD] < 0)
+        cfg->send_thread = cfg->spare_cores;
+    /* WEFT_SEND_THREAD=1 asks for the thread in every pass, as
+     * WEFT_REDUCE_THREAD=1 does for the reducer. */
+    if (raw[WEFT__P_SEND_THREAD_PASS_BYTES] < 0)
+        cfg->send_thread_pass_bytes =
+            raw[WEFT__P_SEND_THREAD] == 1 ? 0
+            : cores_per_rank(cfg, WEFT__SEND_THREAD_CORES)
+                ? WEFT__SEND_THREAD_PASS_BYTES
+                : WEFT__SEND_THREAD_SHARED_PASS_BYTES;
+    if (raw[WEFT__P_REDUCE_THREAD_PASS_BYTES] < 0)
+        cfg->reduce_thread_pass_bytes =
+            raw[WEFT__P_REDUCE_THREAD] >= 0 ? 0
+            : one_host && cfg->shm          ? WEFT__REDUCE_THREAD_SHM_PASS_BYTES
+            : one_host ? WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES
+                       : 0;
+    if (raw[WEFT__P_PULL_THREADS] < 0)
+        cfg->pull_threads = auto_pull_threads(cfg);
+}
 
-    /* A wait polls (yielding the core between polls) this long before it
-     * sleeps: measured faster for small operations both with a core per
-     * rank and with 4 ranks on 2 cores, and no slower for large ones. */
-    if ((rc = env_int("WEFT_SPIN_US", 0, 1000000, WEFT__DEFAULT_SPIN_US, &v,
-                      errmsg, errlen)) != 0)
-        return rc;
-    cfg->spin_us = (int)v;
+/* The box's bytes and the mesh's switch (topo.h). */
+static void sizes(weft__config *cfg)
+{
+    cfg->mesh_small_all_reduce_bytes = WEFT__MESH_SMALL_ALL_REDUCE_BYTES;
+    cfg->box_bytes = box_bytes(cfg->nranks);
+}
+
+/* The job token: weft_config's, else WEFT_JOB_TOKEN's, else none. */
+static int load_job_token(weft__config *cfg, const weft_config *uc,
+                          char *errmsg, size_t errlen)
+{
+    const char *s;
+
+    if (uc != NULL && uc->token != NULL)
+        return load_token(cfg, "weft_config.token", uc->token, errmsg, errlen);
+    if ((s = getenv("WEFT_JOB_TOKEN")) != NULL && *s != '\0')
+        return load_token(cfg, "WEFT_JOB_TOKEN", s, errmsg, errlen);
+    return WEFT_OK;
+}
+
+/* The transport, the RDMA device and the topology asked for, then the
+ * topology in effect. */
+static int load_strings(weft__config *cfg, const weft_config *uc, char *errmsg,
+                        size_t errlen)
+{
+    weft__hostfile_out view;
+    const char *s;
+    int rc;
 
     s = field_str(uc ? uc->transport : NULL, "WEFT_TRANSPORT");
     if (s != NULL)
@@ -415,66 +408,6 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                        s != NULL ? s : cfg->transport,
                        uc && uc->transport ? "weft_config.transport"
                                            : "WEFT_TRANSPORT");
-    if ((rc = env_int("WEFT_SHM", 0, 1, 1, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->shm = (int)v;
-    /* Every peer of this job is a rank of this host: halving's fewer,
-     * larger rounds beat the ring up to several MiB through shared memory
-     * and up to 1 MiB over loopback TCP (topo.h). Across hosts the default
-     * stays the one measured over cables. */
-    one_host = cfg->nhosts == 1 && strcmp(cfg->transport, "tcp") == 0;
-    cfg->halving_all_reduce_bytes =
-        one_host && cfg->shm ? WEFT__HALVING_SHM_ALL_REDUCE_BYTES
-        : one_host           ? WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES
-                             : WEFT__HALVING_ALL_REDUCE_BYTES;
-    cfg->doubling_all_reduce_bytes =
-        one_host && cfg->shm && cfg->nranks >= WEFT__DOUBLING_WIDE_RANKS
-            ? WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES
-        : one_host && cfg->shm ? WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES
-                               : WEFT__DOUBLING_ALL_REDUCE_BYTES;
-    /* WEFT_REDUCE_THREAD=1 asks for the thread in every pass. */
-    cfg->reduce_thread_pass_bytes =
-        pass_bytes >= 0        ? (size_t)pass_bytes
-        : thread >= 0          ? 0
-        : one_host && cfg->shm ? WEFT__REDUCE_THREAD_SHM_PASS_BYTES
-        : one_host             ? WEFT__REDUCE_THREAD_LOOPBACK_PASS_BYTES
-                               : 0;
-    if ((rc = env_int("WEFT_SHM_RING_BYTES", 4096, 1L << 30,
-                      WEFT__DEFAULT_SHM_RING_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    if ((v & (v - 1)) != 0)
-        return CFG_ERR("WEFT_SHM_RING_BYTES=%ld is not a power of two", v);
-    cfg->shm_ring_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_SHM_CMA_BYTES", 0, 1L << 40,
-                      WEFT__DEFAULT_SHM_CMA_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->shm_cma_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_PULL_ALL_REDUCE_BYTES", 0, 1L << 40,
-                      WEFT__HIER_PULL_ALL_REDUCE_BYTES, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->hier_pull_all_reduce_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_PULL_ALL_GATHER_BYTES", 0, 1L << 40,
-                      WEFT__HIER_PULL_ALL_GATHER_BYTES, &v, errmsg, errlen)) !=
-        0)
-        return rc;
-    cfg->hier_pull_all_gather_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_HIER_PULL_REDUCE_SCATTER_BYTES", 0, 1L << 40,
-                      WEFT__HIER_PULL_REDUCE_SCATTER_BYTES, &v, errmsg,
-                      errlen)) != 0)
-        return rc;
-    cfg->hier_pull_reduce_scatter_bytes = (size_t)v;
-    if ((rc = env_int("WEFT_PULL_THREADS", 0, 64, -1, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->pull_threads = v >= 0 ? (int)v : auto_pull_threads(cfg);
-    if ((rc = env_int("WEFT_IB_SLOTS", 2, 4096, WEFT__DEFAULT_IB_SLOTS, &v,
-                      errmsg, errlen)) != 0)
-        return rc;
-    cfg->ib_slots = (int)v;
-    if ((rc = env_int("WEFT_IB_SLOT_BYTES", 4096, 16L << 20,
-                      WEFT__DEFAULT_IB_SLOT_BYTES, &v, errmsg, errlen)) != 0)
-        return rc;
-    cfg->ib_slot_bytes = (size_t)v;
     s = getenv("WEFT_IB_DEVICE");
     if (s != NULL && *s != '\0') {
         if (strlen(s) >= sizeof cfg->ib_device)
@@ -507,6 +440,27 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
                                         errlen)) != 0)
         return rc;
     cfg->mesh = weft__hostfile_mesh(&view, cfg->topology, NULL, 0);
+    return WEFT_OK;
+}
+
+int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
+                      size_t errlen)
+{
+    long raw[WEFT__P_COUNT];
+    int rc, one_host;
+
+    memset(cfg, 0, sizeof *cfg);
+    strcpy(cfg->transport, "tcp");
+    strcpy(cfg->topology, "auto");
+    if ((rc = load_rank_size(cfg, uc, errmsg, errlen)) != 0 ||
+        (rc = load_params(cfg, uc, raw, errmsg, errlen)) != 0 ||
+        (rc = load_job_token(cfg, uc, errmsg, errlen)) != 0 ||
+        (rc = load_hostfile(cfg, uc, errmsg, errlen)) != 0 ||
+        (rc = load_strings(cfg, uc, errmsg, errlen)) != 0)
+        return rc;
+    one_host = cfg->nhosts == 1 && strcmp(cfg->transport, "tcp") == 0;
+    resolve_auto(cfg, raw, one_host);
+    sizes(cfg);
     cfg->hier_local = weft__hier_local(cfg);
     return WEFT_OK;
 }

@@ -30,32 +30,6 @@
  * memory (process_vm_readv) instead of copied through the ring. */
 #define WEFT__DEFAULT_SHM_RING_BYTES (256 * 1024)
 #define WEFT__DEFAULT_SHM_CMA_BYTES (64 * 1024)
-/* The all_reduce by one-copy reads (coll/pull.c; WEFT_ALGO's "pull"), by
- * default from PULL_ALL_REDUCE_BYTES per rank (count * size; WEFT_ALGO
- * overrides it): where every rank is on this host and each
- * can read the others' memory, each rank reads its share of every peer's
- * input and reduces it, then reads every other share from its owner,
- * with WEFT_PULL_THREADS threads. Unset, the threads are the host's cores
- * per rank on it (at most PULL_MAX_THREADS, and at most the cores this
- * process may run on), and the algorithm is off below 2 cores per rank,
- * where one thread loses to the ring (16-core host, 8 and 16 ranks:
- * 2.2-3.2 GB/s against 2.5-4.5). From 4 MiB it beats the ring at 2, 4
- * and 8 ranks of the 16-core host (at 1 MiB they are even); see
- * docs/performance.md. */
-#define WEFT__PULL_ALL_REDUCE_BYTES (4 * 1024 * 1024)
-/* The same reads for all_gather (a rank's block), reduce_scatter (a
- * rank's block) and broadcast (the buffer), by default from these sizes
- * (WEFT_ALGO overrides them). On the
- * 16-core host (2, 4, 8 ranks; docs/performance.md) the all_gather led
- * the frames from blocks of 4-8 MiB (below, frames were as fast or
- * faster: their one-copy reads move the same bytes), the reduce_scatter
- * from blocks of 1 MiB (its reductions gain from the threads), the
- * broadcast at 64 MiB but not always at 16 (every rank reads the root's
- * buffer at once; the frames' chain was faster below at 4 and 8 ranks):
- * from 32 MiB. */
-#define WEFT__PULL_ALL_GATHER_BYTES (4 * 1024 * 1024)
-#define WEFT__PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
-#define WEFT__PULL_BROADCAST_BYTES (32 * 1024 * 1024)
 /* The hierarchical all_reduce (hosts of several ranks) by the same reads
  * within each host, its phase across the hosts on this rank's share in
  * between (from WEFT_HIER_PULL_ALL_REDUCE_BYTES per rank; coll/hier.c), and
@@ -79,45 +53,17 @@
 #define WEFT__HIER_PULL_ALL_GATHER_BYTES (2 * 1024 * 1024)
 #define WEFT__HIER_PULL_REDUCE_SCATTER_BYTES (1024 * 1024)
 #define WEFT__PULL_MAX_THREADS 8
-/* Default thresholds, measured with bench/thresholds. Those between
- * algorithms are where the tuning table's default rows (core/tune.c)
- * switch, and WEFT_ALGO overrides them; WEFT_BIDIR_MIN_BYTES sets
- * BIDIR_MIN_BYTES.
- * - Up to SMALL_ALL_REDUCE_BYTES gathered (count * size * nranks),
- *   all_reduce gathers every input and reduces locally in rank order: one
- *   exchange with every peer where all are directly connected, else n-1
- *   ring steps, instead of the 2n-2 steps of reduce-scatter + all-gather.
- * - From BIDIR_MIN_BYTES, ring operations run both ring directions at once,
- *   each on half of the data; below, the second direction's extra frames
- *   cost more than it adds.
- * - Under the mesh, MESH_SMALL_ALL_REDUCE_BYTES plays that part (one
- *   exchange of the inputs against the direct reduce-scatter +
- *   all-gather; also the small/large switch of the mesh's broadcast):
- *   measured at 128 KiB gathered (4 ranks x 32 KiB) on both a 2-core and
- *   a 16-core machine.
- * - Among ranks that are all wired to each other without the mesh (one
- *   host's ranks, topology auto), SMALL_ALL_REDUCE_BYTES applies where n
- *   is not a power of two; where it is, recursive doubling (log2(n)
- *   rounds, each moving the whole vector) runs up to
- *   DOUBLING_ALL_REDUCE_BYTES per rank (count * size, not gathered:
- *   measured at 32 KiB per rank at 2, 4 and 8 ranks alike).
- * - Past those, up to HALVING_ALL_REDUCE_BYTES per rank where n is a
- *   power of two, HALVING_FOLD_ALL_REDUCE_BYTES where not (the fold sends
- *   the whole vector to a neighbour and back, which costs at large
- *   sizes), the same ranks run recursive halving + doubling (2 log2(n)
- *   rounds, +2 where n is not a power of two) instead of the ring's 2n-2
- *   steps, from 4 ranks on. See docs/performance.md, "The mid-size
- *   cliff". */
-#define WEFT__SMALL_ALL_REDUCE_BYTES (32 * 1024)
+/* Under the mesh, an all_reduce of up to MESH_SMALL_ALL_REDUCE_BYTES
+ * gathered (count * size * nranks) exchanges the inputs once, against the
+ * direct reduce-scatter + all-gather (the tuning table's default,
+ * core/tune.c), and the mesh's broadcast switches from small to large
+ * there: measured at 128 KiB gathered (4 ranks x 32 KiB) on both a 2-core
+ * and a 16-core machine. From BIDIR_MIN_BYTES (WEFT_BIDIR_MIN_BYTES), ring
+ * operations run both ring directions at once, each on half of the data;
+ * below, the second direction's extra frames cost more than it adds
+ * (bench/thresholds). */
 #define WEFT__MESH_SMALL_ALL_REDUCE_BYTES (128 * 1024)
 #define WEFT__BIDIR_MIN_BYTES (2 * 1024 * 1024)
-#define WEFT__DOUBLING_ALL_REDUCE_BYTES (32 * 1024)
-/* From this many ranks, all of one host and through shared memory,
- * doubling's log2(n) rounds of the whole vector lose to halving earlier:
- * at 16 ranks on the 16-core host, 16 KiB per rank took 35-51 us by
- * doubling and 26-29 by halving, 32 KiB 55-62 against 36-40, and the two
- * tie at 4-8 KiB (docs/performance.md, "Recursive doubling"). */
-#define WEFT__DOUBLING_WIDE_RANKS 16
 /* Ranks all of one host, through shared memory: an all_reduce of up to
  * the box's bytes (count * size), an all_gather of blocks that small, a
  * broadcast of that many bytes, a reduce_scatter whose whole input is
@@ -134,46 +80,6 @@
 #define WEFT__BOX_MIN_BYTES 192
 #define WEFT__BOX_MAX_BYTES 2048
 #define WEFT__BOX_READ_BYTES (16 * 1024)
-#define WEFT__DOUBLING_WIDE_ALL_REDUCE_BYTES (4 * 1024)
-/* Below that many ranks, all of one host and through shared memory, the
- * switch is at 16 KiB: on the 16-core host (3 alternating rounds of 400
- * calls, 61ba9cf) 32 KiB per rank took 29.7-33.0 us by doubling and
- * 23.6-25.5 by halving at 8 ranks, 18.9 against 17.1-17.3 at 4; at 16 KiB
- * the two were within 10% (docs/performance.md, "Recursive doubling"). */
-#define WEFT__DOUBLING_SHM_ALL_REDUCE_BYTES (16 * 1024)
-#define WEFT__HALVING_ALL_REDUCE_BYTES (128 * 1024)
-/* The same where every rank of the job is on one host: there the ring's
- * 2n-2 steps lose to halving's 2 log2(n) rounds up to several MiB through
- * shared memory and up to 1 MiB over loopback TCP (16-core host, 8 ranks,
- * 512 KiB: 0.5-1.0 GB/s busbw by the ring, 2.7-4.5 by halving through
- * shared memory, 1.5-2.0 over TCP; docs/performance.md, "Recursive
- * halving + doubling: the mid-size cliff"). */
-#define WEFT__HALVING_SHM_ALL_REDUCE_BYTES (8 * 1024 * 1024)
-#define WEFT__HALVING_LOOPBACK_ALL_REDUCE_BYTES (1024 * 1024)
-#define WEFT__HALVING_FOLD_ALL_REDUCE_BYTES (64 * 1024)
-/* Where hosts run several ranks each (weft__hier_local), all_reduce from
- * HIER_ALL_REDUCE_BYTES per rank (count * size) runs hierarchically:
- * a reduce-scatter among each host's ranks, an all_reduce of each chunk
- * among the ranks that hold it (one per host) over the cables, and an
- * all-gather within each host, so each byte crosses a cable once per host
- * instead of once per rank. The default; WEFT_ALGO overrides it (rows
- * without "hier" keep the flat algorithms at every size). */
-#define WEFT__HIER_ALL_REDUCE_BYTES (64 * 1024)
-/* (The defaults: where the hierarchical path wins on 2 hosts x 2 ranks
- * and a cable shaped to 5 Gbit/s, docs/performance.md.) The same hosts:
- * all_gather and reduce_scatter from this many bytes per
- * rank's block (count * size) run hierarchically, all_gather across the
- * hosts then within each host, reduce_scatter the mirror (coll/hier.h).
- * The defaults; WEFT_ALGO overrides them. */
-#define WEFT__HIER_ALL_GATHER_BYTES (256 * 1024)
-#define WEFT__HIER_REDUCE_SCATTER_BYTES (256 * 1024)
-/* The same hosts with the mesh in effect: broadcast of this many bytes
- * (count * size) and more runs the ring's chain instead of the mesh's
- * scatter + all-gather. A host's ranks are consecutive on the ring, so
- * each byte crosses each cable once, where the mesh's all-gather sends
- * every rank's chunk to every rank of every other host (L times). The
- * default; WEFT_ALGO overrides it. */
-#define WEFT__HIER_BROADCAST_BYTES (64 * 1024)
 /* Below this many bytes per wire a transfer uses fewer wires: the cost of
  * one more frame (a syscall or work request on each side) is then larger
  * than what the extra wire adds. The default; WEFT_MIN_WIRE_BYTES sets it,
@@ -258,18 +164,9 @@ typedef struct weft__config {
     int sockbuf_bytes;     /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */
     int spin_us;           /* poll this long before sleeping in a wait */
     size_t min_wire_bytes; /* plan.h */
-    size_t small_all_reduce_bytes; /* see the defaults above */
-    size_t mesh_small_all_reduce_bytes;
+    size_t mesh_small_all_reduce_bytes; /* the mesh's broadcast switch */
     size_t bidir_min_bytes;
-    size_t box_bytes; /* small calls through the box up to this; 0: off */
-    size_t doubling_all_reduce_bytes; /* per rank, as the two below */
-    size_t halving_all_reduce_bytes;
-    size_t halving_fold_all_reduce_bytes;
-    int hier; /* 1: the default table has the hierarchical rows */
-    size_t hier_all_reduce_bytes;     /* per rank, see the default above */
-    size_t hier_all_gather_bytes;     /* a rank's block, likewise */
-    size_t hier_reduce_scatter_bytes; /* a rank's block, likewise */
-    size_t hier_broadcast_bytes;      /* the buffer (count * size) */
+    size_t box_bytes;  /* small calls through the box up to this; 0: off */
     int hier_local;    /* weft__hier_local(): ranks per host, or 0 */
     int spare_cores;   /* 1: this host has 2 cores per rank on it */
     int own_core;      /* 1: ... at least 1 */
@@ -286,10 +183,6 @@ typedef struct weft__config {
     int shm;               /* tcp: ranks of one host use shared memory */
     size_t shm_ring_bytes; /* shm: bytes of each direction's ring */
     size_t shm_cma_bytes;  /* shm: frames this big go by one copy (0: never) */
-    size_t pull_all_reduce_bytes; /* the one-copy all_reduce from (0: off) */
-    size_t pull_all_gather_bytes; /* ... all_gather (a rank's block) */
-    size_t pull_reduce_scatter_bytes;  /* ... reduce_scatter (likewise) */
-    size_t pull_broadcast_bytes;       /* ... broadcast (the buffer) */
     size_t hier_pull_all_reduce_bytes; /* ... within hosts of a hier one */
     size_t hier_pull_all_gather_bytes; /* ... of a hier all_gather (block) */
     size_t hier_pull_reduce_scatter_bytes; /* ... reduce_scatter (block) */

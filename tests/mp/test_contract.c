@@ -928,16 +928,20 @@ Test(reinit, late_rank2, .timeout = 120)
 
 /* ---- settings every rank must share ----
  *
- * One rank runs with another WEFT_SHM (its host's peers use shared
- * memory, it would use loopback TCP) or another WEFT_WIRES. The
- * connections' hellos and answers carry both, so a rank that meets the
- * odd one fails weft_init at once with WEFT_ECONFIG naming the variable,
- * long before the connect deadline (8 s here), whether it dialled or
- * listened; with 2 ranks that is both. With 3, a rank whose peers failed
- * before they reached it cannot know why: it fails at the deadline. */
+ * One rank runs with another setting that every rank must give alike.
+ * Those a connection needs (WEFT_SHM: its host's peers use shared memory,
+ * it would use loopback TCP; WEFT_WIRES) are compared in the connections'
+ * hellos; a rank that meets the odd one fails weft_init at once with
+ * WEFT_ECONFIG naming the variable and tells its peers, which fail with
+ * the same message. The others (the frame, the wires' threshold, the
+ * tuning table) are compared by all the ranks once connected. Either
+ * way every rank fails with WEFT_ECONFIG naming the setting, within 4 s
+ * (the connect deadline is 8 s; the tellers linger 1.5 s at most). */
 struct settings_case {
     const char *var, *odd_value;
-    int odd_rank;
+    int odd_rank, nranks;
+    const char *all;  /* set on every rank (or NULL): NAME=VALUE */
+    const char *says; /* what every rank's message names */
 };
 
 static int settings_rank(int rank, int nranks, void *arg)
@@ -947,6 +951,9 @@ static int settings_rank(int rank, int nranks, void *arg)
     double t0;
     int rc;
 
+    (void)nranks;
+    if (sc->all != NULL)
+        putenv((char *)sc->all);
     if (rank == sc->odd_rank)
         setenv(sc->var, sc->odd_value, 1);
     t0 = mp_now_ms();
@@ -957,31 +964,45 @@ static int settings_rank(int rank, int nranks, void *arg)
         weft_finalize(c);
         return 1;
     }
-    if (rc == WEFT_ECONFIG && strstr(weft_last_error(NULL), sc->var) != NULL) {
-        if (mp_now_ms() - t0 > 4000) {
-            mp_log("weft_init took %.0f ms to find the mismatch",
-                   mp_now_ms() - t0);
-            return 1;
-        }
-        return 0;
-    }
-    if (rank == sc->odd_rank || nranks == 2) {
+    if (rc != WEFT_ECONFIG || strstr(weft_last_error(NULL), sc->says) == NULL) {
         mp_log("weft_init: %s (%s), expected WEFT_ECONFIG naming %s",
-               weft_err_name(rc), weft_last_error(NULL), sc->var);
+               weft_err_name(rc), weft_last_error(NULL), sc->says);
         return 1;
     }
-    return 0; /* failed, and never past the deadline (mp_run's) */
+    if (mp_now_ms() - t0 > 4000) {
+        mp_log("weft_init took %.0f ms to fail", mp_now_ms() - t0);
+        return 1;
+    }
+    return 0;
 }
 
-Test(matching, settings_must_agree, .timeout = 120)
+Test(matching, settings_must_agree, .timeout = 240)
 {
     static const struct settings_case cases[] = {
-        {"WEFT_SHM", "0", 1},   {"WEFT_SHM", "0", 0}, {"WEFT_WIRES", "2", 1},
-        {"WEFT_WIRES", "2", 0}, {"WEFT_SHM", "0", 2},
+        {"WEFT_SHM", "0", 1, 2, NULL, "WEFT_SHM"},
+        {"WEFT_SHM", "0", 0, 2, NULL, "WEFT_SHM"},
+        {"WEFT_WIRES", "2", 1, 2, NULL, "WEFT_WIRES"},
+        {"WEFT_WIRES", "2", 0, 2, NULL, "WEFT_WIRES"},
+        {"WEFT_SHM", "0", 2, 3, NULL, "WEFT_SHM"},
+        /* Ranks that never meet the odd one learn it from those that do. */
+        {"WEFT_SHM", "0", 2, 4, NULL, "WEFT_SHM"},
+        {"WEFT_WIRES", "2", 2, 4, "WEFT_SHM=0", "WEFT_WIRES"},
+        {"WEFT_WIRES", "3", 3, 4, NULL, "WEFT_WIRES"},
+        /* Compared once connected. */
+        {"WEFT_FRAME_BYTES", "131072", 2, 4, NULL, "WEFT_FRAME_BYTES"},
+        {"WEFT_MIN_WIRE_BYTES", "65536", 0, 3, "WEFT_SHM=0",
+         "WEFT_MIN_WIRE_BYTES"},
+        {"WEFT_HIER_PULL_ALL_GATHER_BYTES", "0", 1, 2, NULL,
+         "WEFT_HIER_PULL_ALL_GATHER_BYTES"},
+        {"WEFT_ALGO", "all_reduce:ring", 3, 4, NULL, "tuning tables"},
+        /* A row the job cannot run (rank 1 reads no peer's memory) fails
+         * every rank, naming it. */
+        {"WEFT_PULL_THREADS", "0", 1, 3, "WEFT_ALGO=all_gather:pull",
+         "all_gather=pull cannot run"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct mp_opts o = {
-            .nranks = i < 4 ? 2 : 3,
+            .nranks = cases[i].nranks,
             .connect_timeout_ms = 8000,
             .deadline_ms = JOB_DEADLINE_MS,
         };
@@ -990,8 +1011,8 @@ Test(matching, settings_must_agree, .timeout = 120)
 
         unsetenv("WEFT_SHM");
         cr_assert_eq(mp_run(&o, settings_rank, (void *)&cases[i], &res), 0);
-        cr_assert(mp_all_passed(&res), "%s=%s on rank %d: %s", cases[i].var,
-                  cases[i].odd_value, cases[i].odd_rank,
-                  mp_describe(&res, buf, sizeof buf));
+        cr_assert(mp_all_passed(&res), "%s=%s on rank %d of %d: %s",
+                  cases[i].var, cases[i].odd_value, cases[i].odd_rank,
+                  cases[i].nranks, mp_describe(&res, buf, sizeof buf));
     }
 }

@@ -265,6 +265,11 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * receive wants more or a send is posted to it. */
     k->rx_end = (int)nread;
     tp->ends++;
+    if (!tp->up) {
+        /* Before set-up ended nothing is owed: the peer gave up. */
+        weft__tcp_setup_closed(k);
+        return;
+    }
     rx_drain(k);
 }
 

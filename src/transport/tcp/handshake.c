@@ -15,6 +15,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
+static void tell_on(conn *k, slot *s);
+
 static conn *conn_new(tcp_tp *tp)
 {
     conn *k = calloc(1, sizeof *k);
@@ -134,9 +136,43 @@ static void settings_pack(const tcp_tp *tp, uint8_t *b)
     weft__put_be32(b + 4, tp->shm);
 }
 
+/* The verdict at b (tcp.h): 0, or this rank's failure while it tells. */
+static void verdict_pack(const tcp_tp *tp, uint8_t *b)
+{
+    weft__put_be32(b, tp->telling ? (uint32_t)tp->tell_code : 0);
+    memset(b + 4, 0, TELL_WHY);
+    if (tp->telling)
+        snprintf((char *)b + 4, TELL_WHY, "%s", tp->tell_why);
+}
+
+/* A verdict from rank `from` at b: 0 where it has none; else this rank
+ * fails with it (and tells its own peers, forwarding why as it is) and
+ * 1. */
+static int verdict_told(tcp_tp *tp, const uint8_t *b, int from)
+{
+    int code = (int)weft__get_be32(b);
+    char why[TELL_WHY];
+
+    if (code == 0)
+        return 0;
+    if (code > -1 || code < -64)
+        code = WEFT_EPEER;
+    memcpy(why, b + 4, TELL_WHY);
+    why[TELL_WHY - 1] = '\0';
+    if (tp->told != NULL && from >= 0 && from < tp->nranks)
+        tp->told[from] = 1;
+    if (tp->err == 0)
+        snprintf(tp->tell_why, sizeof tp->tell_why, "%s", why);
+    weft__tcp_fail(tp, code,
+                   "%s (rank %d failed weft_init and told rank %d so)", why,
+                   from, tp->rank);
+    return 1;
+}
+
 /* Hello layout (network byte order): magic, version, from rank, to rank,
- * link, wire on link, the 16-byte token, then the settings (wires, shm).
- * The answer: magic, the answering rank, its settings. */
+ * link, wire on link, the 16-byte token, the settings (wires, shm), the
+ * verdict. The answer: magic, the answering rank, its settings, its
+ * verdict. */
 static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
 {
     weft__put_be32(out, HELLO_MAGIC);
@@ -147,6 +183,7 @@ static void hello_pack(tcp_tp *tp, uint8_t *out, int to, const slot *s)
     weft__put_be32(out + 20, s->lwire);
     memcpy(out + 24, tp->cfg->token, WEFT__TOKEN_BYTES);
     settings_pack(tp, out + 40);
+    verdict_pack(tp, out + 48);
 }
 
 static void reject(conn *k, const char *why)
@@ -179,6 +216,10 @@ static void reply_write_cb(uv_write_t *req, int status)
     tcp_tp *tp = k->tp;
 
     weft__tcp_write_done(tp);
+    if (k->telling) {
+        weft__tcp_conn_close(k);
+        return;
+    }
     if (k->bad_settings) {
         /* The answer, which carries this rank's settings, is on its
          * way: the dialling side fails too, naming them. */
@@ -203,6 +244,7 @@ static int send_answer(conn *k)
     weft__put_be32(k->out, REPLY_MAGIC);
     weft__put_be32(k->out + 4, (uint32_t)tp->rank);
     settings_pack(tp, k->out + 8);
+    verdict_pack(tp, k->out + 16);
     b = uv_buf_init((char *)k->out, REPLY_BYTES);
     k->hreq.data = k;
     return weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
@@ -228,6 +270,19 @@ static void hello_done(conn *k)
     if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
         from <= (uint32_t)tp->rank)
         return reject(k, "hello names ranks that do not connect here");
+    if (verdict_told(tp, k->hbuf + 48, (int)from) || tp->telling) {
+        /* The peer failed and said why (this rank fails too), or this
+         * rank did: the answer tells the peer; the connection is closed
+         * once it is written. */
+        uv_read_stop((uv_stream_t *)&k->h);
+        pending_remove(tp, k);
+        k->telling = 1;
+        if (tp->told != NULL)
+            tp->told[from] = 1;
+        if (send_answer(k) != 0)
+            weft__tcp_conn_close(k);
+        return;
+    }
     if (settings_differ(tp, k->hbuf + 40, (int)from,
                         link == WEFT__LINK_LOOPBACK, k->why, sizeof k->why)) {
         /* A rank of this job (the token says so) set up otherwise: answer
@@ -337,6 +392,8 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             return slot_lost(k, "not a weft acknowledgement");
         k->state = CONN_UP;
         conn_up(k);
+        if (tp->telling && !tp->peers[k->peer].s[k->wire].relay)
+            tell_on(k, &tp->peers[k->peer].s[k->wire]);
         return;
     }
     if (k->hgot == REPLY_BYTES) {
@@ -348,6 +405,15 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
                 "rank %d: %s answered wire %d's hello wrongly: not rank "
                 "%d of this job",
                 tp->rank, k->name, k->wire, k->peer);
+            return;
+        }
+        if (verdict_told(tp, k->hbuf + 16, k->peer)) {
+            retry_later(k, "the peer's set-up failed");
+            return;
+        }
+        if (tp->telling) {
+            /* Answered after this rank failed: tell it in a new hello. */
+            retry_later(k, "this rank's set-up failed");
             return;
         }
         if (settings_differ(tp, k->hbuf + 8, k->peer,
@@ -410,6 +476,13 @@ static void hello_write_cb(uv_write_t *req, int status)
     conn *k = req->data;
 
     weft__tcp_write_done(k->tp);
+    if (k->telling) {
+        if (status == 0 && k->tp->told != NULL)
+            k->tp->told[k->peer] = 1;
+        if (!k->closing)
+            retry_later(k, "told the peer of this rank's failure");
+        return;
+    }
     if (status < 0 && !k->closing && !k->tp->shut &&
         k->state == CONN_REPLY_WAIT)
         retry_later(k, uv_strerror(status));
@@ -430,6 +503,7 @@ static void connect_cb(uv_connect_t *req, int status)
         return;
     }
     tune_socket(k);
+    k->telling = tp->telling;
     hello_pack(tp, k->out, k->peer, s);
     b = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
@@ -503,10 +577,112 @@ void weft__tcp_housekeep_cb(uv_timer_t *t)
             if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
                 now >= s->trying->deadline_ms)
                 retry_later(s->trying, "no answer to its hello");
-            if (s->trying == NULL && now >= s->next_try_ms && tp->err == 0)
+            if (s->trying == NULL && now >= s->next_try_ms &&
+                (tp->err == 0 ||
+                 (tp->telling && tp->told != NULL && !tp->told[p])))
                 start_connect(tp, p, w);
         }
     }
     if (!busy && tp->pending == NULL)
         uv_timer_stop(t);
+}
+
+/* ---- telling the peers of a failed set-up ----
+ *
+ * A rank whose weft_init fails before its wires are all up (settings that
+ * differ, a peer that told it of its own failure, a peer that left) tells
+ * every peer it can reach before it closes, so that the job's other
+ * ranks fail at once with the cause instead of waiting for the connect
+ * deadline: a connection that is up gets a notice on it; a peer this
+ * rank dials gets the verdict in a hello, one that dials it in the
+ * answer. A peer told fails too and tells its own peers, forwarding the
+ * first cause. */
+
+static void notice_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+
+    weft__tcp_write_done(tp);
+    if (status == 0 && tp->told != NULL)
+        tp->told[k->peer] = 1;
+    weft__tcp_conn_close(k);
+}
+
+/* Tells the peer of k, a connection that is up, with a notice; k leaves
+ * its slot and is closed once the notice is written. */
+static void tell_on(conn *k, slot *s)
+{
+    tcp_tp *tp = k->tp;
+    uv_buf_t b;
+
+    s->c = NULL;
+    weft__put_be32(k->out, NOTICE_MAGIC);
+    weft__put_be32(k->out + 4, (uint32_t)tp->tell_code);
+    memset(k->out + 8, 0, TELL_WHY);
+    snprintf((char *)k->out + 8, TELL_WHY, "%s", tp->tell_why);
+    b = uv_buf_init((char *)k->out, NOTICE_BYTES);
+    k->hreq.data = k;
+    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                        notice_write_cb) != 0)
+        weft__tcp_conn_close(k);
+}
+
+void weft__tcp_tell_start(tcp_tp *tp, uint64_t deadline_ms)
+{
+    uint64_t until = weft__now_ms() + TELL_MS;
+
+    tp->telling = 1;
+    tp->tell_code = tp->err;
+    if (tp->tell_why[0] == '\0')
+        snprintf(tp->tell_why, sizeof tp->tell_why, "%.*s", TELL_WHY - 1,
+                 tp->sink->msg);
+    tp->tell_until = until < deadline_ms ? until : deadline_ms;
+    if (tp->told == NULL &&
+        (tp->told = calloc((size_t)tp->nranks, 1)) == NULL) {
+        tp->tell_until = 0; /* no room to tell: give up at once */
+        return;
+    }
+    for (int p = 0; p < tp->nranks; p++) {
+        if (p == tp->rank || tp->peers[p].nslots == 0)
+            tp->told[p] = 1; /* no wire of its own to this rank */
+        for (int w = 0; w < tp->peers[p].nslots && !tp->told[p]; w++) {
+            slot *s = &tp->peers[p].s[w];
+
+            /* One waiting for its acknowledgement is told once it is up
+             * (hs_read_cb): the peer is up on its side already. */
+            if (s->c != NULL && s->c->state == CONN_UP && !s->relay)
+                tell_on(s->c, s);
+        }
+    }
+    housekeep_start(tp);
+}
+
+int weft__tcp_tell_done(const tcp_tp *tp)
+{
+    if (weft__now_ms() >= tp->tell_until)
+        return 1;
+    for (int p = 0; p < tp->nranks; p++)
+        if (!tp->told[p])
+            return 0;
+    return 1;
+}
+
+void weft__tcp_setup_closed(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    const uint8_t *b = (const uint8_t *)k->rxb + k->rx_lo;
+
+    if (tp->err != 0)
+        return;
+    if (k->rxb != NULL && k->rx_hi - k->rx_lo >= NOTICE_BYTES &&
+        weft__get_be32(b) == NOTICE_MAGIC) {
+        verdict_told(tp, b + 4, k->peer);
+        return;
+    }
+    tp->lost_peer = k->peer;
+    weft__tcp_fail(tp, WEFT_EPEER,
+                   "rank %d: peer %d closed wire %d (%s) before weft_init "
+                   "ended (its weft_init failed, or it died)",
+                   tp->rank, k->peer, k->wire, k->name);
 }

@@ -237,6 +237,7 @@ static void tcp_destroy(weft__tp *t)
     for (int p = 0; tp->peers != NULL && p < tp->nranks; p++)
         free(tp->peers[p].s);
     free(tp->peers);
+    free(tp->told);
     while (tp->free_wreqs != NULL) {
         wreq *w = tp->free_wreqs;
         tp->free_wreqs = w->next;
@@ -264,7 +265,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     weft__errsink *sink = par->sink;
     tcp_tp *tp = calloc(1, sizeof *tp);
     struct sockaddr_in sa;
-    uint64_t deadline;
+    uint64_t deadline, wake, now;
     int rc, port;
 
     *out = NULL;
@@ -326,8 +327,10 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     /* weft_init's one deadline, whatever else set-up takes after this. */
     deadline = par->deadline_ms;
     uv_timer_start(&tp->housekeep, weft__tcp_housekeep_cb, 0, RETRY_MS);
-    while (!all_up(tp)) {
-        if (tp->err != 0) {
+    while (!all_up(tp) || tp->err != 0) {
+        if (tp->err != 0 && !tp->telling)
+            weft__tcp_tell_start(tp, deadline);
+        if (tp->err != 0 && weft__tcp_tell_done(tp)) {
             rc = tp->err;
             goto fail;
         }
@@ -350,11 +353,16 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
                             tp->rank, missing, cfg->connect_timeout_ms);
             goto fail;
         }
+        /* Telling ends at tell_until, if not before. */
+        wake = tp->telling && tp->tell_until < deadline ? tp->tell_until
+                                                        : deadline;
+        now = weft__now_ms();
         uv_timer_start(&tp->timer, weft__tcp_timer_cb,
-                       deadline - weft__now_ms(), 0);
+                       wake > now ? wake - now : 0, 0);
         weft__tcp_run(tp, UV_RUN_ONCE);
     }
     uv_timer_stop(&tp->timer);
+    tp->up = 1;
     *out = (weft__tp *)tp;
     return WEFT_OK;
 

@@ -68,9 +68,19 @@
 
 #define HELLO_MAGIC 0x54464557u /* "WEFT" */
 #define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
-#define HELLO_VERSION 3u
-#define HELLO_BYTES 48
-#define REPLY_BYTES 16
+#define HELLO_VERSION 4u
+/* A hello and an answer end with a verdict: 0, or the code of a failure
+ * of weft_init that the sender tells its peers about, and why (TELL_WHY
+ * bytes, a string). A connection that was up when its sender failed is
+ * told with a notice instead (magic, code, why), then closed. */
+#define TELL_WHY 200
+#define HELLO_BYTES (48 + 4 + TELL_WHY)
+#define REPLY_BYTES (16 + 4 + TELL_WHY)
+#define NOTICE_MAGIC 0x4c494657u /* "WFIL" */
+#define NOTICE_BYTES (8 + TELL_WHY)
+/* A rank whose weft_init failed tells every peer it can reach for this
+ * long at most (or until the connect deadline), then gives up. */
+#define TELL_MS 1500
 #define ACK_MAGIC 0x4b414657u /* "WFAK" */
 #define ACK_BYTES 4
 #define LINK_RELAY 0xfffffffeu  /* the relay connection to a neighbour */
@@ -111,6 +121,7 @@ typedef struct conn {
     /* The hello's settings differ from this rank's: answered (so the
      * dialling side learns it), then the job fails (settings_differ). */
     int bad_settings;
+    int telling; /* it carries this rank's failure: closed once written */
     char why[160];
     uint8_t hbuf[HELLO_BYTES];
     size_t hgot;
@@ -224,8 +235,17 @@ struct tcp_tp {
     int lost_peer; /* the peer whose close or reset failed us, or -1 */
     peer *peers;
     conn *pending;
-    int nopen;   /* connections not yet closed */
-    int err;     /* first transport error, WEFT_OK if none */
+    int nopen; /* connections not yet closed */
+    int err;   /* first transport error, WEFT_OK if none */
+    /* Set-up: up once create() returned. A failure before that is told
+     * to the peers (telling) until tell_until: tell_code, tell_why; told
+     * has a flag per peer. */
+    int up;
+    int telling;
+    int tell_code;
+    uint64_t tell_until;
+    char tell_why[TELL_WHY];
+    uint8_t *told;
     int shut;    /* shutdown() ran: completions are dropped */
     int handles; /* loop-level handles initialised */
     wreq *free_wreqs;
@@ -297,6 +317,14 @@ void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status);
 /* handshake.c: the listener's and the housekeeping timer's callbacks. */
 void weft__tcp_on_connection(uv_stream_t *server, int status);
 void weft__tcp_housekeep_cb(uv_timer_t *t);
+/* Set-up failed on this rank (tp->err): starts telling the peers, until
+ * deadline_ms at the latest. */
+void weft__tcp_tell_start(tcp_tp *tp, uint64_t deadline_ms);
+/* 1 once every peer was told, or telling's time is up. */
+int weft__tcp_tell_done(const tcp_tp *tp);
+/* k, up, ended (k->rx_end) before this rank's set-up ended: the job fails,
+ * with the peer's notice where it sent one. */
+void weft__tcp_setup_closed(conn *k);
 
 /* relay.c: a relay connection's reads, what progress() hands over (chunks
  * passing through, chunks kept for posted receives), and the ops table's
