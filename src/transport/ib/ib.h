@@ -93,6 +93,7 @@
 #define WEFT_TRANSPORT_IB_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <infiniband/verbs.h>

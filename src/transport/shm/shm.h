@@ -68,6 +68,7 @@
 #define WEFT_TRANSPORT_SHM_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <stdatomic.h>

@@ -2,7 +2,7 @@
  * The TCP transport's data path: posting frames, reading a wire into its
  * posted receives (or its read-ahead), writing queued sends in batches,
  * progress(), and what transports built on this one call to drive it
- * (weft__tcp_poll and the rest, transport.h).
+ * (weft__tcp_poll and the rest, boot.h).
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "transport/tcp/tcp.h"
@@ -586,7 +586,7 @@ void weft__tcp_wake(weft__tp *t)
     uv_async_send(&((tcp_tp *)t)->async);
 }
 
-/* ---- for transports built on this one (transport.h) ---- */
+/* ---- for transports built on this one (boot.h) ---- */
 
 int weft__tcp_poll(weft__tp *t)
 {

@@ -2,8 +2,8 @@
  * TCP transport on libuv: what the files of src/transport/tcp/ share (its
  * constants, connections, wire slots and the transport itself, and what one
  * file calls in another). Only they include this header: the engine sees
- * the transport through its ops table (weft__tcp_ops), the ibverbs
- * transport through the weft__tcp_* calls of transport.h.
+ * the transport through its ops table (weft__tcp_ops), the shared-memory
+ * and ibverbs transports through the weft__tcp_* calls of boot.h.
  *
  * The files: loop.c (libuv under the SIGPIPE guard, failures, closing a
  * connection), data.c (posting, reading, writing, progress), handshake.c
@@ -57,6 +57,7 @@
 #define WEFT_TRANSPORT_TCP_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <poll.h>
