@@ -64,10 +64,10 @@ void weft__box_init(weft__ctx *c)
     size_t least = WEFT__BOX_MSG_MAX;
 
     c->box = 0;
-    if (c->tpo->box_bytes == NULL || c->nranks > BOX_MAX_RANKS)
+    if (!c->tpo->box->offered || c->nranks > BOX_MAX_RANKS)
         return;
     for (int p = 0; p < c->nranks; p++) {
-        size_t b = p == c->rank ? least : c->tpo->box_bytes(c->tp, p);
+        size_t b = p == c->rank ? least : c->tpo->box->bytes(c->tp, p);
 
         if (b < least)
             least = b;
@@ -90,8 +90,8 @@ int weft__box_poll(run *r)
     if (r->err != 0)
         return r->err;
     if (!r->box_put) {
-        rc =
-            c->tpo->box_put(c->tp, seq, r->box_msg, BOX_HDR_BYTES + r->box_len);
+        rc = c->tpo->box->put(c->tp, seq, r->box_msg,
+                              BOX_HDR_BYTES + r->box_len);
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
@@ -102,7 +102,7 @@ int weft__box_poll(run *r)
 
         if (p == c->rank || (r->box_got >> p & 1) != 0)
             continue;
-        rc = c->tpo->box_get(c->tp, p, seq, m, sizeof m, &len);
+        rc = c->tpo->box->get(c->tp, p, seq, m, sizeof m, &len);
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
@@ -211,7 +211,7 @@ int weft__box_wait(run *r)
     r->box_waited = 1;
     /* The watch reports changes from what the slots hold now: one more
      * look, for a message that came since the last. */
-    c->tpo->box_watch(c->tp, r->k->seq);
+    c->tpo->box->watch(c->tp, r->k->seq);
     return weft__box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK;
 }
 
@@ -225,5 +225,5 @@ void weft__box_announce(run *r)
     ophdr h = weft__hdr_make(r->k, r->pass, TAG_BOX_FRAMES, r->k->seq, 0);
 
     weft__hdr_encode(b, &h);
-    c->tpo->box_announce(c->tp, r->k->seq, b, sizeof b);
+    c->tpo->box->announce(c->tp, r->k->seq, b, sizeof b);
 }

@@ -796,10 +796,10 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
 
 int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay_send(((shm_tp *)t)->tcp, peer, x);
+    return weft__tcp_ops.relay->send(((shm_tp *)t)->tcp, peer, x);
 }
 
 int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay_recv(((shm_tp *)t)->tcp, peer, x);
+    return weft__tcp_ops.relay->recv(((shm_tp *)t)->tcp, peer, x);
 }

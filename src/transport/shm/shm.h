@@ -339,8 +339,8 @@ struct shm_tp {
 
 /* ---- what one file calls in another ---- */
 
-/* data.c: posting, the rings' work, failures, progress; the ops table's
- * entries. */
+/* data.c: posting, the rings' work, failures, progress; the entries of
+ * the ops table and of its relay and read tables. */
 void weft__shm_fail(shm_tp *tp, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int weft__shm_post_send(weft__tp *t, int p, int w, weft__xfer *x);
@@ -360,7 +360,7 @@ static inline shm_box_area *shm_box_area_of(const shm_tp *tp, int r)
                                     (size_t)r * sizeof(shm_box_area));
 }
 
-/* box.c: the box's entries of the ops table (transport.h), and the look
+/* box.c: the entries of the box table (transport.h), and the look
  * that shm_pass (data.c) takes while a box call is watched: 1 when a
  * peer's slot or done count changed since the last look. */
 size_t weft__shm_box_bytes(weft__tp *t, int peer);

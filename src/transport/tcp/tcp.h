@@ -300,8 +300,8 @@ void weft__tcp_on_connection(uv_stream_t *server, int status);
 void weft__tcp_housekeep_cb(uv_timer_t *t);
 
 /* relay.c: a relay connection's reads, what progress() hands over (chunks
- * passing through, chunks kept for posted receives), and the ops table's
- * relay_send and relay_recv. */
+ * passing through, chunks kept for posted receives), and the entries of
+ * the relay table (transport.h). */
 void weft__tcp_relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
                              const uv_buf_t *buf);
