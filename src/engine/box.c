@@ -95,7 +95,7 @@ int weft__box_poll(run *r)
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
-        r->box_put = rc == 0;
+        r->box_put = rc == WEFT__BOX_PUBLISHED;
     }
     for (int p = 0; p < c->nranks && r->box_left > 0; p++) {
         size_t len;
@@ -106,29 +106,30 @@ int weft__box_poll(run *r)
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
-        if (rc == 0)
+        if (rc == WEFT__BOX_NOT_YET)
             continue;
-        if (rc == 3) {
+        if (rc == WEFT__BOX_LEFT_BEFORE) {
             left = left < 0 ? p : left;
             continue;
         }
-        /* A message's header, in full; a note (4) has it in full. */
-        if (len < (rc == 4 ? HDR_BYTES : BOX_HDR_BYTES))
+        /* A message's header, in full; a note has it in full. */
+        if (len < (rc == WEFT__BOX_FRAMES ? HDR_BYTES : BOX_HDR_BYTES))
             memset(full, 0, HDR_BYTES); /* no header: fails */
-        else if (rc == 4)
+        else if (rc == WEFT__BOX_FRAMES)
             memcpy(full, m, HDR_BYTES);
         else
             box_hdr_full(m, len, r->k, full);
         want = weft__hdr_make(r->k, r->pass, TAG_BOX, seq, r->box_len);
         /* A note differs in its tag at least: it says which call. */
-        if (weft__hdr_check(r, full, &want, p, 0) != 0 || rc == 4)
+        if (weft__hdr_check(r, full, &want, p, 0) != 0 ||
+            rc == WEFT__BOX_FRAMES)
             return weft__fail_into(
                 c, &r->err, WEFT_EMISMATCH,
                 "rank %d: %s: peer %d runs it on frames where "
                 "this rank runs it in shared memory's box "
                 "(mismatched WEFT_ALGO?)",
                 c->rank, r->k->name, p);
-        if (rc == 2) {
+        if (rc == WEFT__BOX_LEFT_MID) {
             left_mid = left_mid < 0 ? p : left_mid;
             continue;
         }

@@ -108,6 +108,34 @@ typedef struct weft__tp_relay_ops {
     int (*recv)(weft__tp *tp, int peer, weft__xfer *x);
 } weft__tp_relay_ops;
 
+/* What the box's put and get (below) answer, where not an error. */
+typedef enum weft__box_put_result {
+    /* Published. */
+    WEFT__BOX_PUBLISHED = 0,
+    /* A peer has not yet started call seq - depth + 1 (its slot is still
+     * to be read): nothing published; call again once progress()
+     * returned. */
+    WEFT__BOX_NO_ROOM = 1,
+} weft__box_put_result;
+
+typedef enum weft__box_get_result {
+    /* The peer has not written its message yet. */
+    WEFT__BOX_NOT_YET = 0,
+    /* Up to cap bytes of the message copied to out, its length in *len. */
+    WEFT__BOX_READY = 1,
+    /* The message is there (as for WEFT__BOX_READY) but its peer left by
+     * its own hand without ending the call: it failed in it. The message
+     * may be looked at, as a header that differs explains the failure;
+     * its data must not be used. (A peer that died without a word gets
+     * WEFT__BOX_READY, its message being whole.) */
+    WEFT__BOX_LEFT_MID = 2,
+    /* The peer left without writing its message. */
+    WEFT__BOX_LEFT_BEFORE = 3,
+    /* The peer announced call seq on frames: its header in out, its
+     * length in *len. */
+    WEFT__BOX_FRAMES = 4,
+} weft__box_get_result;
+
 /* The box: a slot per rank and collective call, for the few bytes of a
  * call among ranks of one host, without frames. Where the transport has
  * none (the stub), the engine never starts a call in it.
@@ -115,23 +143,15 @@ typedef struct weft__tp_relay_ops {
  *   does not reach peer (another host).
  * - put: publishes len bytes of msg as this rank's message for
  *   collective call number seq (> 0, consecutive calls' numbers
- *   increasing) to every peer the box reaches. 0 once published; 1 where
- *   a peer has not yet started call seq - depth + 1 (its slot is still to
- *   be read: nothing published; call again once progress() returned); or
- *   the transport's error (a peer that left that far behind).
+ *   increasing) to every peer the box reaches. A weft__box_put_result,
+ *   or the transport's error (a peer that left that far behind).
  * - announce: this rank runs call seq on frames; len <= 56 bytes of hdr,
  *   its header, are what a peer whose call seq went to the box finds
- *   instead of a message (get's 4). Never waits.
- * - get: peer's message for call seq: 1 with up to cap bytes of it
- *   copied to out and its length in *len; 0 while the peer has not
- *   written it; 2 where the message is there but its peer left by its
- *   own hand without ending the call (it failed in it: the message may
- *   be looked at, as a header that differs explains the failure, its
- *   data must not be used; a peer that died without a word gets 1, its
- *   message being whole); 3 where the peer left without writing it; 4
- *   where the peer announced call seq on frames (its header in out); or
- *   the transport's error. 2, 3 and 4 fail nothing: the caller says why
- *   its call failed, having looked at every peer.
+ *   instead of a message (WEFT__BOX_FRAMES). Never waits.
+ * - get: peer's message for call seq: a weft__box_get_result, or the
+ *   transport's error. WEFT__BOX_LEFT_MID, WEFT__BOX_LEFT_BEFORE and
+ *   WEFT__BOX_FRAMES fail nothing: the caller says why its call failed,
+ *   having looked at every peer.
  * - done: this rank ended collective call seq (and every earlier one),
  *   however it ran; said to the peers when this rank leaves.
  * - watch: while seq != 0, progress() returns (something may have
