@@ -49,22 +49,6 @@ static ssize_t try_send(conn *k, const uv_buf_t *bufs, int n)
     return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
 }
 
-/* A connection's error as weft's code: a peer that closed or reset it is
- * WEFT_EPEER, whichever call noticed; anything else is the transport's. */
-int weft__tcp_err_code(int uverr)
-{
-    switch (uverr) {
-    case UV_EOF:
-    case UV_EPIPE:
-    case UV_ECONNRESET:
-    case UV_ECONNABORTED:
-    case UV_ENOTCONN:
-        return WEFT_EPEER;
-    default:
-        return WEFT_ETRANSPORT;
-    }
-}
-
 static void rx_fail(conn *k)
 {
     tcp_tp *tp = k->tp;

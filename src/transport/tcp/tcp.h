@@ -258,20 +258,21 @@ struct tcp_tp {
 /* ---- what one file calls in another ---- */
 
 /* loop.c: libuv under the SIGPIPE guard (see there), the transport's
- * first failure, closing a connection, the deadline timer's callback. */
+ * first failure, the code of a failed read or write (WEFT_EPEER where the
+ * peer closed or reset its end), closing a connection, the deadline
+ * timer's callback. */
 void weft__tcp_run(tcp_tp *tp, uv_run_mode mode);
 int weft__tcp_write(tcp_tp *tp, uv_write_t *req, uv_stream_t *s,
                     const uv_buf_t *bufs, unsigned int n, uv_write_cb cb);
 void weft__tcp_write_done(tcp_tp *tp);
 void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+int weft__tcp_err_code(int uverr);
 void weft__tcp_conn_close(conn *k);
 void weft__tcp_timer_cb(uv_timer_t *t);
 
 /* data.c: a data wire's reads (from the moment it is up), the ops
- * table's posting and progress, and the code of a failed read or write
- * (WEFT_EPEER where the peer closed or reset its end). */
-int weft__tcp_err_code(int uverr);
+ * table's posting and progress. */
 void weft__tcp_data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 int weft__tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x);
