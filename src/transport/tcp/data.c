@@ -278,7 +278,7 @@ static void complete_batch(tcp_tp *tp, wreq *w)
  * cut its batch short, and a later batch of the same wire, written too
  * (libuv's next write, or the sending thread's, collected together),
  * would otherwise complete ahead of the frames left behind. */
-void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
+static void batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
 {
     if (tp->shut || tp->err != 0 || status < 0) {
         w->next = tp->free_wreqs;
@@ -298,7 +298,22 @@ static void data_write_cb(uv_write_t *req, int status)
 
     weft__tcp_write_done(tp);
     k->uv_batches--;
-    weft__tcp_batch_done(tp, k, w, status);
+    batch_done(tp, k, w, status);
+}
+
+/* Runs the completions of the batches the sending thread wrote (or
+ * failed), oldest first (inside progress() only). */
+static void tx_collect(tcp_tp *tp)
+{
+    wreq *w = weft__tcp_tx_take(tp);
+
+    while (w != NULL) {
+        wreq *next = w->next;
+
+        w->next = NULL;
+        batch_done(tp, w->k, w, w->status);
+        w = next;
+    }
 }
 
 /* Whether k's batch of bufs[0..n), whose first frame is x, goes to the
@@ -494,7 +509,7 @@ int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
  * for posted receives, relayed chunks for posted relay receives. */
 static void tcp_handoff(tcp_tp *tp)
 {
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     tcp_flush(tp);
     while (tp->rx_dirty != NULL && tp->err == 0) {
         conn *k = tp->rx_dirty;
@@ -516,7 +531,7 @@ static int spin_pass(void *arg)
     tcp_tp *tp = arg;
 
     weft__tcp_run(tp, UV_RUN_NOWAIT);
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     return tp->err;
 }
 
@@ -555,7 +570,7 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
     uint64_t slept = weft__now_ns();
     uv_timer_start(&tp->timer, weft__tcp_timer_cb, deadline_ms - now, 0);
     weft__tcp_run(tp, UV_RUN_ONCE);
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     if (tp->err != 0)
         return tp->err;
     /* A turn that ended with nothing done (the loop's housekeeping timer)

@@ -283,18 +283,17 @@ void weft__tcp_wake(weft__tp *t);
 /* tx.c: the sending thread. weft__tcp_tx_hand hands w (k's batch, its
  * bufs and nb filled) over, starting the thread if it is not running;
  * 0, or -1 where it cannot run (the caller writes the batch itself).
- * weft__tcp_tx_collect runs the completions of what came back (inside
- * progress() only). weft__tcp_tx_stop ends the thread (a batch it was
- * writing stays half-written: the communicator failed or finalized) and
- * hands every batch it held back to the free list, uncompleted (shutdown,
- * before any connection closes). */
+ * weft__tcp_tx_take takes back what the thread wrote (or failed to
+ * write): the batches linked by next, oldest first, their connections'
+ * counts lowered, each to complete (its status as libuv's callback would
+ * have it) by the caller (inside progress() only); NULL where none came
+ * back. weft__tcp_tx_stop ends the thread (a batch it was writing stays
+ * half-written: the communicator failed or finalized) and hands every
+ * batch it held back to the free list, uncompleted (shutdown, before any
+ * connection closes). */
 int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w);
-void weft__tcp_tx_collect(tcp_tp *tp);
+wreq *weft__tcp_tx_take(tcp_tp *tp);
 void weft__tcp_tx_stop(tcp_tp *tp);
-
-/* data.c, for tx.c: a batch that left (or failed), as libuv's callback
- * would have it. */
-void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status);
 
 /* handshake.c: the listener's and the housekeeping timer's callbacks. */
 void weft__tcp_on_connection(uv_stream_t *server, int status);
