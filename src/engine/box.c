@@ -64,10 +64,10 @@ void weft__box_init(weft__ctx *c)
     size_t least = WEFT__BOX_MSG_MAX;
 
     c->box = 0;
-    if (c->tpo->box_bytes == NULL || c->nranks > BOX_MAX_RANKS)
+    if (!c->tpo->box->offered || c->nranks > BOX_MAX_RANKS)
         return;
     for (int p = 0; p < c->nranks; p++) {
-        size_t b = p == c->rank ? least : c->tpo->box_bytes(c->tp, p);
+        size_t b = p == c->rank ? least : c->tpo->box->bytes(c->tp, p);
 
         if (b < least)
             least = b;
@@ -90,45 +90,46 @@ int weft__box_poll(run *r)
     if (r->err != 0)
         return r->err;
     if (!r->box_put) {
-        rc =
-            c->tpo->box_put(c->tp, seq, r->box_msg, BOX_HDR_BYTES + r->box_len);
+        rc = c->tpo->box->put(c->tp, seq, r->box_msg,
+                              BOX_HDR_BYTES + r->box_len);
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
-        r->box_put = rc == 0;
+        r->box_put = rc == WEFT__BOX_PUBLISHED;
     }
     for (int p = 0; p < c->nranks && r->box_left > 0; p++) {
         size_t len;
 
         if (p == c->rank || (r->box_got >> p & 1) != 0)
             continue;
-        rc = c->tpo->box_get(c->tp, p, seq, m, sizeof m, &len);
+        rc = c->tpo->box->get(c->tp, p, seq, m, sizeof m, &len);
         if (rc < 0)
             return weft__fail_into(c, &r->err, rc, "rank %d: %s failed: %s",
                                    c->rank, r->k->name, weft_strerror(rc));
-        if (rc == 0)
+        if (rc == WEFT__BOX_NOT_YET)
             continue;
-        if (rc == 3) {
+        if (rc == WEFT__BOX_LEFT_BEFORE) {
             left = left < 0 ? p : left;
             continue;
         }
-        /* A message's header, in full; a note (4) has it in full. */
-        if (len < (rc == 4 ? HDR_BYTES : BOX_HDR_BYTES))
+        /* A message's header, in full; a note has it in full. */
+        if (len < (rc == WEFT__BOX_FRAMES ? HDR_BYTES : BOX_HDR_BYTES))
             memset(full, 0, HDR_BYTES); /* no header: fails */
-        else if (rc == 4)
+        else if (rc == WEFT__BOX_FRAMES)
             memcpy(full, m, HDR_BYTES);
         else
             box_hdr_full(m, len, r->k, full);
         want = weft__hdr_make(r->k, r->pass, TAG_BOX, seq, r->box_len);
         /* A note differs in its tag at least: it says which call. */
-        if (weft__hdr_check(r, full, &want, p, 0) != 0 || rc == 4)
+        if (weft__hdr_check(r, full, &want, p, 0) != 0 ||
+            rc == WEFT__BOX_FRAMES)
             return weft__fail_into(
                 c, &r->err, WEFT_EMISMATCH,
                 "rank %d: %s: peer %d runs it on frames where "
                 "this rank runs it in shared memory's box "
                 "(mismatched WEFT_ALGO?)",
                 c->rank, r->k->name, p);
-        if (rc == 2) {
+        if (rc == WEFT__BOX_LEFT_MID) {
             left_mid = left_mid < 0 ? p : left_mid;
             continue;
         }
@@ -211,7 +212,7 @@ int weft__box_wait(run *r)
     r->box_waited = 1;
     /* The watch reports changes from what the slots hold now: one more
      * look, for a message that came since the last. */
-    c->tpo->box_watch(c->tp, r->k->seq);
+    c->tpo->box->watch(c->tp, r->k->seq);
     return weft__box_poll(r) != 0 || weft__pass_test(r) == WEFT_OK;
 }
 
@@ -225,5 +226,5 @@ void weft__box_announce(run *r)
     ophdr h = weft__hdr_make(r->k, r->pass, TAG_BOX_FRAMES, r->k->seq, 0);
 
     weft__hdr_encode(b, &h);
-    c->tpo->box_announce(c->tp, r->k->seq, b, sizeof b);
+    c->tpo->box->announce(c->tp, r->k->seq, b, sizeof b);
 }

@@ -136,8 +136,8 @@ static int relay_post(run *r, int is_send, int peer, relay_xfer *rx, void *buf,
     rx->x.done = done;
     rx->x.buf = buf;
     rx->x.len = len;
-    return is_send ? c->tpo->relay_send(c->tp, peer, &rx->x)
-                   : c->tpo->relay_recv(c->tp, peer, &rx->x);
+    return is_send ? c->tpo->relay->send(c->tp, peer, &rx->x)
+                   : c->tpo->relay->recv(c->tp, peer, &rx->x);
 }
 
 void weft__post_relay(run *r, const weft__relay *rl)

@@ -83,7 +83,7 @@ int weft__pull_tmp(weft__ctx *c, size_t nbytes)
 static int can_read_all(weft__ctx *c, int lo, int n)
 {
     for (int p = lo; p < lo + n; p++)
-        if (p != c->rank && !c->tpo->can_read(c->tp, p))
+        if (p != c->rank && !c->tpo->read->can_read(c->tp, p))
             return 0;
     return 1;
 }
@@ -94,8 +94,7 @@ void weft__pull_init(weft__ctx *c)
 
     c->pull = 0;
     c->pull_host = 0;
-    if (c->cfg->pull_threads < 1 || c->tpo->can_read == NULL ||
-        c->tpo->peer_read == NULL)
+    if (c->cfg->pull_threads < 1 || !c->tpo->read->offered)
         return;
     c->pull =
         c->nranks <= WEFT__MESH_MAX_RANKS && can_read_all(c, 0, c->nranks);
@@ -113,11 +112,11 @@ weft__pool *weft__ctx_pool(weft__ctx *c)
 int weft__peer_read(weft__ctx *c, int peer, void *dst, uint64_t addr,
                     size_t len, int *err)
 {
-    return c->tpo->peer_read(c->tp, peer, dst, addr, len, err);
+    return c->tpo->read->peer_read(c->tp, peer, dst, addr, len, err);
 }
 
 void weft__call_end(weft__ctx *c, uint64_t seq)
 {
     if (c->box != 0)
-        c->tpo->box_done(c->tp, seq);
+        c->tpo->box->done(c->tp, seq);
 }

@@ -599,8 +599,7 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
         return weft__start_error(c, k, op, rc,
                                  "rank %d: %s: no memory for the engine",
                                  c->rank, k->name);
-    if (relay != NULL &&
-        (c->tpo->relay_send == NULL || c->tpo->relay_recv == NULL))
+    if (relay != NULL && !c->tpo->relay->offered)
         return weft__start_error(c, k, op, WEFT_ENOTSUP,
                                  "rank %d: %s: no wires to rank %d, and the %s "
                                  "transport cannot relay",
@@ -721,7 +720,7 @@ void weft__pass_end(weft__pass *r, int rc)
     if (rc == WEFT_OK)
         rc = weft__pass_test(r);
     if (r->box)
-        c->tpo->box_watch(c->tp, 0);
+        c->tpo->box->watch(c->tp, 0);
 #ifndef NDEBUG
     /* The design's invariant: an operation that ends has no frame in
      * flight on any wire (a failed one is shut down below instead). */

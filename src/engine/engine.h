@@ -264,7 +264,7 @@ int weft__box_start(weft__ctx *c, weft__call *k, const void *data, size_t len,
 /* Sets c->pull: the job's configuration allows the one-copy collectives
  * (cfg->pull_threads not 0) and this rank
  * can read every peer's memory and be read by it (the transport's
- * can_read; every peer on this host); and c->pull_host: the same for the
+ * read->can_read; every peer on this host); and c->pull_host: the same for the
  * ranks of this host where hosts run several ranks (cfg->hier_local). */
 void weft__pull_init(weft__ctx *c);
 
@@ -273,7 +273,7 @@ void weft__pull_init(weft__ctx *c);
 struct weft__pool *weft__ctx_pool(weft__ctx *c);
 
 /* Copies len bytes at addr in peer's memory to dst (c->pull): 0, or the
- * transport's peer_read's failure (transport.h), recorded nowhere. Safe
+ * transport's read->peer_read's failure (transport.h), recorded nowhere. Safe
  * from any thread. */
 int weft__peer_read(weft__ctx *c, int peer, void *dst, uint64_t addr,
                     size_t len, int *err);

@@ -89,6 +89,109 @@ typedef struct weft__tp_params {
     int local_wires;
 } weft__tp_params;
 
+/* The optional parts of a transport: each is a table of its own, which
+ * a transport that lacks the part replaces with the shared stub
+ * (weft__tp_no_relay, weft__tp_no_box, weft__tp_no_read), so that no
+ * table and no entry is ever NULL. The stubs' entries answer "not here"
+ * (0 bytes, no peer reached, WEFT_ENOTSUP, nothing done), and their
+ * offered is 0, where a transport's own table says 1: the engine reads
+ * it where it decides about the whole job before asking any peer. */
+
+/* Point to point with a rank that has no wires to this one: the message
+ * goes around the ring, each rank in between forwarding it while it is
+ * inside progress(). len bytes of x->buf to (or from) peer; x->done runs
+ * once all of it has left (or arrived). Where the transport cannot relay
+ * (the stub), such peers are WEFT_ENOTSUP before anything moves. */
+typedef struct weft__tp_relay_ops {
+    int offered;
+    int (*send)(weft__tp *tp, int peer, weft__xfer *x);
+    int (*recv)(weft__tp *tp, int peer, weft__xfer *x);
+} weft__tp_relay_ops;
+
+/* What the box's put and get (below) answer, where not an error. */
+typedef enum weft__box_put_result {
+    /* Published. */
+    WEFT__BOX_PUBLISHED = 0,
+    /* A peer has not yet started call seq - depth + 1 (its slot is still
+     * to be read): nothing published; call again once progress()
+     * returned. */
+    WEFT__BOX_NO_ROOM = 1,
+} weft__box_put_result;
+
+typedef enum weft__box_get_result {
+    /* The peer has not written its message yet. */
+    WEFT__BOX_NOT_YET = 0,
+    /* Up to cap bytes of the message copied to out, its length in *len. */
+    WEFT__BOX_READY = 1,
+    /* The message is there (as for WEFT__BOX_READY) but its peer left by
+     * its own hand without ending the call: it failed in it. The message
+     * may be looked at, as a header that differs explains the failure;
+     * its data must not be used. (A peer that died without a word gets
+     * WEFT__BOX_READY, its message being whole.) */
+    WEFT__BOX_LEFT_MID = 2,
+    /* The peer left without writing its message. */
+    WEFT__BOX_LEFT_BEFORE = 3,
+    /* The peer announced call seq on frames: its header in out, its
+     * length in *len. */
+    WEFT__BOX_FRAMES = 4,
+} weft__box_get_result;
+
+/* The box: a slot per rank and collective call, for the few bytes of a
+ * call among ranks of one host, without frames. Where the transport has
+ * none (the stub), the engine never starts a call in it.
+ * - bytes: the most bytes one message to peer can hold, 0 where the box
+ *   does not reach peer (another host).
+ * - put: publishes len bytes of msg as this rank's message for
+ *   collective call number seq (> 0, consecutive calls' numbers
+ *   increasing) to every peer the box reaches. A weft__box_put_result,
+ *   or the transport's error (a peer that left that far behind).
+ * - announce: this rank runs call seq on frames; len <= 56 bytes of hdr,
+ *   its header, are what a peer whose call seq went to the box finds
+ *   instead of a message (WEFT__BOX_FRAMES). Never waits.
+ * - get: peer's message for call seq: a weft__box_get_result, or the
+ *   transport's error. WEFT__BOX_LEFT_MID, WEFT__BOX_LEFT_BEFORE and
+ *   WEFT__BOX_FRAMES fail nothing: the caller says why its call failed,
+ *   having looked at every peer.
+ * - done: this rank ended collective call seq (and every earlier one),
+ *   however it ran; said to the peers when this rank leaves.
+ * - watch: while seq != 0, progress() returns (something may have
+ *   progressed) once a peer wrote a message or a note, or left, where
+ *   before it waited for frames only. */
+typedef struct weft__tp_box_ops {
+    int offered;
+    size_t (*bytes)(weft__tp *tp, int peer);
+    int (*put)(weft__tp *tp, uint64_t seq, const void *msg, size_t len);
+    void (*announce)(weft__tp *tp, uint64_t seq, const void *hdr, size_t len);
+    int (*get)(weft__tp *tp, int peer, uint64_t seq, void *out, size_t cap,
+               size_t *len);
+    void (*done)(weft__tp *tp, uint64_t seq);
+    void (*watch)(weft__tp *tp, uint64_t seq);
+} weft__tp_box_ops;
+
+/* One-copy reads of a peer's memory (ranks of one host). Where the
+ * transport has none (the stub), the engine never reads.
+ * - can_read: 1 where peer_read reaches peer and peer can read this
+ *   rank's memory likewise, else 0.
+ * - peer_read: copies len bytes at addr in peer's memory to dst. 0;
+ *   WEFT_EPEER where the peer left (failed, finalized or died) before
+ *   the read ended, so what was read must not be used (a peer hands its
+ *   buffers back only after it marked its leaving); or WEFT_ETRANSPORT
+ *   where the kernel refused (its errno in *err). Records and fails
+ *   nothing, and is safe from any thread while the transport is up. */
+typedef struct weft__tp_read_ops {
+    int offered;
+    int (*can_read)(weft__tp *tp, int peer);
+    int (*peer_read)(weft__tp *tp, int peer, void *dst, uint64_t addr,
+                     size_t len, int *err);
+} weft__tp_read_ops;
+
+/* The stubs (stub.c). */
+extern const weft__tp_relay_ops weft__tp_no_relay;
+extern const weft__tp_box_ops weft__tp_no_box;
+extern const weft__tp_read_ops weft__tp_no_read;
+
+/* Every entry is required, and every optional part's table is set (its
+ * stub where the transport lacks it). */
 typedef struct weft__tp_ops {
     const char *name;
     /* Opens every wire of the job (listens, connects, handshakes with the
@@ -97,7 +200,7 @@ typedef struct weft__tp_ops {
      * why. p and what it points to outlive the transport. */
     int (*create)(const weft__tp_params *p, weft__tp **out);
     /* Closes every wire and frees the transport; no callback runs after it
-     * returns. NULL is a no-op. */
+     * returns. A NULL tp is a no-op. */
     void (*destroy)(weft__tp *tp);
     /* Wires to peer (0 if the peer is not directly connected). */
     int (*nwires)(weft__tp *tp, int peer);
@@ -113,102 +216,12 @@ typedef struct weft__tp_ops {
     /* Closes every wire after a failure: pending frames are dropped and no
      * completion runs afterwards. The transport stays allocated. */
     void (*shutdown)(weft__tp *tp);
-    /* Point to point with a rank that has no wires to this one: the message
-     * goes around the ring, each rank in between forwarding it while it is
-     * inside progress(). len bytes of x->buf to (or from) peer; x->done
-     * runs once all of it has left (or arrived). NULL where the transport
-     * cannot relay (then such peers are WEFT_ENOTSUP). */
-    int (*relay_send)(weft__tp *tp, int peer, weft__xfer *x);
-    int (*relay_recv)(weft__tp *tp, int peer, weft__xfer *x);
-    /* The box: a slot per rank and collective call, for the few bytes of
-     * a call among ranks of one host, without frames. NULL where the
-     * transport has none.
-     * - box_bytes: the most bytes one message to peer can hold, 0 where
-     *   the box does not reach peer (another host).
-     * - box_put: publishes len bytes of msg as this rank's message for
-     *   collective call number seq (> 0, consecutive calls' numbers
-     *   increasing) to every peer the box reaches. 0 once published; 1
-     *   where a peer has not yet started call seq - depth + 1 (its slot is
-     *   still to be read: nothing published; call again once progress()
-     *   returned); or the transport's error (a peer that left that far
-     *   behind).
-     * - box_announce: this rank runs call seq on frames; len <= 56 bytes
-     *   of hdr, its header, are what a peer whose call seq went to the
-     *   box finds instead of a message (box_get's 4). Never waits.
-     * - box_get: peer's message for call seq: 1 with up to cap bytes of
-     *   it copied to out and its length in *len; 0 while the peer has
-     *   not written it; 2 where the message is there but its peer left
-     *   by its own hand without ending the call (it failed in it: the
-     *   message may be looked at, as a header that differs explains the
-     *   failure, its data must not be used; a peer that died without a
-     *   word gets 1, its message being whole); 3 where the peer left without
-     * writing it; 4 where the peer announced call seq on frames (its header in
-     *   out); or the transport's error. 2, 3 and 4 fail nothing: the
-     *   caller says why its call failed, having looked at every peer.
-     * - box_done: this rank ended collective call seq (and every earlier
-     *   one), however it ran; said to the peers when this rank leaves.
-     * - box_watch: while seq != 0, progress() returns (something may have
-     *   progressed) once a peer wrote a message or a note, or left, where
-     *   before it waited for frames only. */
-    size_t (*box_bytes)(weft__tp *tp, int peer);
-    int (*box_put)(weft__tp *tp, uint64_t seq, const void *msg, size_t len);
-    void (*box_announce)(weft__tp *tp, uint64_t seq, const void *hdr,
-                         size_t len);
-    int (*box_get)(weft__tp *tp, int peer, uint64_t seq, void *out, size_t cap,
-                   size_t *len);
-    void (*box_done)(weft__tp *tp, uint64_t seq);
-    void (*box_watch)(weft__tp *tp, uint64_t seq);
-    /* One-copy reads of a peer's memory (ranks of one host). NULL where
-     * the transport has none.
-     * - can_read: 1 where peer_read reaches peer and peer can read this
-     *   rank's memory likewise, else 0.
-     * - peer_read: copies len bytes at addr in peer's memory to dst. 0;
-     *   WEFT_EPEER where the peer left (failed, finalized or died) before
-     *   the read ended, so what was read must not be used (a peer hands
-     *   its buffers back only after it marked its leaving); or
-     *   WEFT_ETRANSPORT where the kernel refused (its errno in *err).
-     *   Records and fails nothing, and is safe from any thread while the
-     *   transport is up. */
-    int (*can_read)(weft__tp *tp, int peer);
-    int (*peer_read)(weft__tp *tp, int peer, void *dst, uint64_t addr,
-                     size_t len, int *err);
+    const weft__tp_relay_ops *relay;
+    const weft__tp_box_ops *box;
+    const weft__tp_read_ops *read;
 } weft__tp_ops;
 
 extern const weft__tp_ops weft__tcp_ops;
-
-/* The TCP transport as a base for others: the ibverbs transport opens its
- * bootstrap and liveness connections through these, then drives them from
- * its own progress().
- * - weft__tcp_create_wires: as weft__tcp_ops.create; the caller picks the
- *   wires per link and the sink in p. The wires
- *   are numbered as create numbers them: per peer, the links joining the
- *   two hosts in hostfile order (or loopback), `wires` on each.
- * - weft__tcp_poll: one pass that never blocks: writes queued sends,
- *   hands read bytes to posted receives, runs ready callbacks. Returns 1 if
- *   anything happened (a completion, a wake()), 0 if not, or the
- *   transport's error (negative).
- * - weft__tcp_fd / weft__tcp_timeout: a file descriptor that becomes
- *   readable when the TCP side has work, and the longest a caller may sleep
- *   on it (ms, -1: no limit; 0: call weft__tcp_poll first), as libuv's
- *   uv_backend_fd and uv_backend_timeout. wake() makes the fd readable. */
-int weft__tcp_create_wires(const weft__tp_params *p, weft__tp **out);
-int weft__tcp_poll(weft__tp *tp);
-/* After the TCP side failed: the peer whose closed or reset wire failed
- * it, or -1 where the failure was not a peer's leaving (or none). */
-int weft__tcp_lost_peer(weft__tp *tp);
-int weft__tcp_fd(weft__tp *tp);
-int weft__tcp_timeout(weft__tp *tp);
-/* A peer's leaving, noticed without failing anything: the count of
- * connections whose stream ended (the peer closed or reset it), which
- * changes when one more ends, and whether one of peer's has. A close only
- * fails the TCP side once a receive posted on that connection wants more
- * than arrived, or a send is posted to it. */
-unsigned weft__tcp_ends(weft__tp *tp);
-int weft__tcp_peer_ended(weft__tp *tp, int peer);
-/* Whether peer has closed or reset a connection, asking the kernel now
- * (one poll() per connection, no completion runs): for a post, which must
- * not run progress. */
-int weft__tcp_peer_hup(weft__tp *tp, int peer);
 
 /* Shared memory between ranks of one host, with the TCP transport for
  * everything else (shm/shm.h). */

@@ -245,6 +245,9 @@ static const weft__tp_ops mock_ops = {
     .progress = mock_progress,
     .wake = mock_wake,
     .shutdown = mock_shutdown,
+    .relay = &weft__tp_no_relay,
+    .box = &weft__tp_no_box,
+    .read = &weft__tp_no_read,
 };
 
 /* Runs one side: rank 0 sends n bytes of sbuf to rank 1, or rank 1

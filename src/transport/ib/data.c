@@ -307,7 +307,7 @@ int weft__ib_relay_send(weft__tp *t, int peer, weft__xfer *x)
 
     if (tp->err == 0 && tp->tcp_err != 0)
         weft__ib_tcp_judge(tp);
-    return tp->err != 0 ? tp->err : weft__tcp_ops.relay_send(tp->tcp, peer, x);
+    return tp->err != 0 ? tp->err : weft__tcp_ops.relay->send(tp->tcp, peer, x);
 }
 
 int weft__ib_relay_recv(weft__tp *t, int peer, weft__xfer *x)
@@ -316,5 +316,5 @@ int weft__ib_relay_recv(weft__tp *t, int peer, weft__xfer *x)
 
     if (tp->err == 0 && tp->tcp_err != 0)
         weft__ib_tcp_judge(tp);
-    return tp->err != 0 ? tp->err : weft__tcp_ops.relay_recv(tp->tcp, peer, x);
+    return tp->err != 0 ? tp->err : weft__tcp_ops.relay->recv(tp->tcp, peer, x);
 }

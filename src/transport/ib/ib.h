@@ -6,11 +6,12 @@
  * (weft__ibverbs_ops, transport.h).
  *
  * The files: devices.c (device ports, GIDs, budgets), data.c (the rings
- * and credits, posting), completions.c (failures, completions, the TCP
- * side's news, progress), exchange.c (what travels on the TCP wires: the
- * queue pairs' addresses, ready, goodbye), setup.c (planning the wires,
- * their resources, create, shutdown and destroy, the ops table); budget.c
- * checks a device's limits, a pure function (budget.h) tested on its own.
+ * and credits, posting), fail.c (failures, the TCP side's news),
+ * completions.c (completions, progress), exchange.c (what travels on the
+ * TCP wires: the queue pairs' addresses, ready, goodbye), setup.c
+ * (planning the wires, their resources, create, shutdown and destroy, the
+ * ops table); budget.c checks a device's limits, a pure function
+ * (budget.h) tested on its own.
  *
  * Bootstrap and liveness ride on the TCP transport: create() opens one TCP
  * connection per link to every peer (weft__tcp_create_wires, with the job
@@ -93,6 +94,7 @@
 #define WEFT_TRANSPORT_IB_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <infiniband/verbs.h>
@@ -247,14 +249,20 @@ struct ib_tp {
 
 /* ---- what one file calls in another ---- */
 
-/* completions.c: failures, completions and progress; the ops table's
- * progress and wake. */
+/* fail.c: the first failure recorded, a link's name for messages, the
+ * TCP side's news taken in (its failure kept aside: returned, 0 where
+ * there is none) and judged, a wire whose queue pair failed. Below every
+ * other file: it calls none of them. */
 void weft__ib_fail(ib_tp *tp, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 const char *weft__ib_link_name(const ib_wire *w, char *buf, size_t len);
+int weft__ib_tcp_news(ib_tp *tp);
+int weft__ib_tcp_judge(ib_tp *tp);
 void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
                           const char *detail);
-int weft__ib_tcp_judge(ib_tp *tp);
+
+/* completions.c: completions and progress; the ops table's progress and
+ * wake. */
 void weft__ib_cq_poll_all(ib_tp *tp);
 int weft__ib_block(ib_tp *tp, uint64_t deadline_ms);
 int weft__ib_progress(weft__tp *t, uint64_t deadline_ms);

@@ -422,6 +422,12 @@ static int ib_create(const weft__tp_params *p, weft__tp **out)
     return WEFT_OK;
 }
 
+static const weft__tp_relay_ops ib_relay = {
+    .offered = 1,
+    .send = weft__ib_relay_send,
+    .recv = weft__ib_relay_recv,
+};
+
 const weft__tp_ops weft__ibverbs_ops = {
     .name = "ibverbs",
     .create = ib_create,
@@ -432,6 +438,7 @@ const weft__tp_ops weft__ibverbs_ops = {
     .progress = weft__ib_progress,
     .wake = weft__ib_wake,
     .shutdown = ib_shutdown,
-    .relay_send = weft__ib_relay_send,
-    .relay_recv = weft__ib_relay_recv,
+    .relay = &ib_relay,
+    .box = &weft__tp_no_box,
+    .read = &weft__tp_no_read,
 };

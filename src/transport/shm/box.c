@@ -134,7 +134,7 @@ int weft__shm_box_put(weft__tp *t, uint64_t seq, const void *msg, size_t len)
         if (!gone) {
             /* A note moves without a wake-up: sleep briefly. */
             tp->box_room = tp->box_watch != 0;
-            return 1;
+            return WEFT__BOX_NO_ROOM;
         }
         weft__shm_fail(tp, WEFT_EPEER,
                        "rank %d: peer %d (same host, pid %d) closed its "
@@ -165,7 +165,7 @@ int weft__shm_box_put(weft__tp *t, uint64_t seq, const void *msg, size_t len)
             weft__shm_box_flush(tp);
             break;
         }
-    return 0;
+    return WEFT__BOX_PUBLISHED;
 }
 
 void weft__shm_box_flush(shm_tp *tp)
@@ -219,12 +219,12 @@ int weft__shm_box_get(weft__tp *t, int peer, uint64_t seq, void *out,
          * rank killed just after its call, or in it, took its part. */
         return !said || atomic_load_explicit(&pa->done, memory_order_acquire) >=
                             seq
-                   ? 1
-                   : 2;
+                   ? WEFT__BOX_READY
+                   : WEFT__BOX_LEFT_MID;
     }
     if (note_says(&pa->note, seq, out, cap, len))
-        return 4;
-    return gone ? 3 : 0;
+        return WEFT__BOX_FRAMES;
+    return gone ? WEFT__BOX_LEFT_BEFORE : WEFT__BOX_NOT_YET;
 }
 
 void weft__shm_box_done(weft__tp *t, uint64_t seq)

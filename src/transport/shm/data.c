@@ -17,15 +17,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-void weft__shm_fail(shm_tp *tp, int err, const char *fmt, ...)
-{
-    va_list ap;
-
-    va_start(ap, fmt);
-    weft__tp_fail(tp->p->sink, &tp->err, err, fmt, ap);
-    va_end(ap);
-}
-
 static shm_wire *local_wire(shm_tp *tp, int p, int w)
 {
     if (p < 0 || p >= tp->nranks || w != 0)
@@ -58,42 +49,13 @@ static void run_done(shm_tp *tp)
     }
 }
 
-/* A full fence, between this rank's store to a ring and its look at the
- * peer's word (or the other way round). */
-static void full_fence(void)
-{
-    shm_fence(memory_order_seq_cst);
-}
-
-/* Sends w's peer a datagram where it sleeps (its flag raised), lowering
- * the flag: the caller fenced after its stores. */
-static void wake_sleeper(shm_wire *w)
-{
-    if (atomic_load_explicit(w->peer_sleep, memory_order_relaxed) == 0)
-        return;
-    if (atomic_exchange(w->peer_sleep, 0) == 0)
-        return;
-    /* A full queue already holds a wake-up; a socket that is gone
-     * belongs to a peer that left, which its TCP connection tells. */
-    (void)sendto(w->tp->sock, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
-                 (const struct sockaddr *)&w->doorbell, w->doorbell_len);
-}
-
 /* After this rank moved one of w's rings: where the peer sleeps, it is
  * woken (the fence orders the ring's store before the look at its flag;
  * the sleeper stores its flag, fences, then looks at the ring). */
 static void poke(shm_wire *w)
 {
-    full_fence();
-    wake_sleeper(w);
-}
-
-void weft__shm_poke_sleepers(shm_tp *tp)
-{
-    full_fence();
-    for (int i = 0; i < tp->nlocal; i++)
-        if (tp->wires[i].seg != NULL)
-            wake_sleeper(&tp->wires[i]);
+    shm_full_fence();
+    shm_wake_sleeper(w);
 }
 
 /* The consumer's side of the wake-up: after moving the ring's tail (or
@@ -103,7 +65,7 @@ void weft__shm_poke_sleepers(shm_tp *tp)
  * one of them sees the other. */
 static void poke_producer(shm_wire *w)
 {
-    full_fence();
+    shm_full_fence();
     if (atomic_load_explicit(&w->rx->want, memory_order_relaxed) != 0)
         poke(w);
 }
@@ -796,10 +758,10 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
 
 int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay_send(((shm_tp *)t)->tcp, peer, x);
+    return weft__tcp_ops.relay->send(((shm_tp *)t)->tcp, peer, x);
 }
 
 int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay_recv(((shm_tp *)t)->tcp, peer, x);
+    return weft__tcp_ops.relay->recv(((shm_tp *)t)->tcp, peer, x);
 }

@@ -753,6 +753,28 @@ static int shm_create(const weft__tp_params *p, weft__tp **out)
     return WEFT_OK;
 }
 
+static const weft__tp_relay_ops shm_relay = {
+    .offered = 1,
+    .send = weft__shm_relay_send,
+    .recv = weft__shm_relay_recv,
+};
+
+static const weft__tp_box_ops shm_box = {
+    .offered = 1,
+    .bytes = weft__shm_box_bytes,
+    .put = weft__shm_box_put,
+    .announce = weft__shm_box_announce,
+    .get = weft__shm_box_get,
+    .done = weft__shm_box_done,
+    .watch = weft__shm_box_watch,
+};
+
+static const weft__tp_read_ops shm_read = {
+    .offered = 1,
+    .can_read = weft__shm_can_read,
+    .peer_read = weft__shm_peer_read,
+};
+
 const weft__tp_ops weft__shm_ops = {
     .name = "shm",
     .create = shm_create,
@@ -763,14 +785,7 @@ const weft__tp_ops weft__shm_ops = {
     .progress = weft__shm_progress,
     .wake = weft__shm_wake,
     .shutdown = shm_shutdown,
-    .relay_send = weft__shm_relay_send,
-    .relay_recv = weft__shm_relay_recv,
-    .box_bytes = weft__shm_box_bytes,
-    .box_put = weft__shm_box_put,
-    .box_announce = weft__shm_box_announce,
-    .box_get = weft__shm_box_get,
-    .box_done = weft__shm_box_done,
-    .box_watch = weft__shm_box_watch,
-    .can_read = weft__shm_can_read,
-    .peer_read = weft__shm_peer_read,
+    .relay = &shm_relay,
+    .box = &shm_box,
+    .read = &shm_read,
 };

@@ -8,7 +8,8 @@
  * create, shutdown, destroy, the ops table), data.c (the rings, posting,
  * one-copy reads, deaths, progress and sleeping), box.c (a slot per rank
  * and call for the few bytes of a collective among every rank of the
- * host).
+ * host), wake.c (failures, and waking the peers that sleep, for data.c
+ * and box.c).
  *
  * The TCP side: create() opens the TCP transport for the whole job (with
  * one loopback connection per peer of this host instead of `wires`). Peers
@@ -68,6 +69,7 @@
 #define WEFT_TRANSPORT_SHM_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <stdatomic.h>
@@ -336,12 +338,38 @@ struct shm_tp {
     weft__xfer *done_head, *done_tail;
 };
 
+/* A full fence, between this rank's store to a ring (or the box) and its
+ * look at the peer's word (or the other way round). */
+static inline void shm_full_fence(void)
+{
+    shm_fence(memory_order_seq_cst);
+}
+
+/* Sends w's peer a datagram where it sleeps (its flag raised), lowering
+ * the flag: the caller fenced after its stores. */
+static inline void shm_wake_sleeper(shm_wire *w)
+{
+    if (atomic_load_explicit(w->peer_sleep, memory_order_relaxed) == 0)
+        return;
+    if (atomic_exchange(w->peer_sleep, 0) == 0)
+        return;
+    /* A full queue already holds a wake-up; a socket that is gone
+     * belongs to a peer that left, which its TCP connection tells. */
+    (void)sendto(w->tp->sock, "", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+                 (const struct sockaddr *)&w->doorbell, w->doorbell_len);
+}
+
 /* ---- what one file calls in another ---- */
 
-/* data.c: posting, the rings' work, failures, progress; the ops table's
- * entries. */
+/* wake.c: the first failure recorded; the peers of this host that sleep
+ * woken (a full fence first, after this rank's stores to the box). Below
+ * every other file: it calls none of them. */
 void weft__shm_fail(shm_tp *tp, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+void weft__shm_poke_sleepers(shm_tp *tp);
+
+/* data.c: posting, the rings' work, progress; the entries of the ops
+ * table and of its relay and read tables. */
 int weft__shm_post_send(weft__tp *t, int p, int w, weft__xfer *x);
 int weft__shm_post_recv(weft__tp *t, int p, int w, weft__xfer *x);
 int weft__shm_progress(weft__tp *t, uint64_t deadline_ms);
@@ -359,7 +387,7 @@ static inline shm_box_area *shm_box_area_of(const shm_tp *tp, int r)
                                     (size_t)r * sizeof(shm_box_area));
 }
 
-/* box.c: the box's entries of the ops table (transport.h), and the look
+/* box.c: the entries of the box table (transport.h), and the look
  * that shm_pass (data.c) takes while a box call is watched: 1 when a
  * peer's slot or done count changed since the last look. */
 size_t weft__shm_box_bytes(weft__tp *t, int peer);
@@ -374,8 +402,5 @@ int weft__shm_box_moved(shm_tp *tp);
 /* Wakes the peers that sleep where this rank's box stores have not been
  * followed by a look at their flags yet (box.c: when). */
 void weft__shm_box_flush(shm_tp *tp);
-/* data.c: wakes the peers of this host that sleep (a full fence first,
- * after this rank's stores to the box). */
-void weft__shm_poke_sleepers(shm_tp *tp);
 
 #endif

@@ -2,7 +2,7 @@
  * The TCP transport's data path: posting frames, reading a wire into its
  * posted receives (or its read-ahead), writing queued sends in batches,
  * progress(), and what transports built on this one call to drive it
- * (weft__tcp_poll and the rest, transport.h).
+ * (weft__tcp_poll and the rest, boot.h).
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "transport/tcp/tcp.h"
@@ -47,22 +47,6 @@ static ssize_t try_send(conn *k, const uv_buf_t *bufs, int n)
     if (r >= 0)
         return r;
     return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
-}
-
-/* A connection's error as weft's code: a peer that closed or reset it is
- * WEFT_EPEER, whichever call noticed; anything else is the transport's. */
-int weft__tcp_err_code(int uverr)
-{
-    switch (uverr) {
-    case UV_EOF:
-    case UV_EPIPE:
-    case UV_ECONNRESET:
-    case UV_ECONNABORTED:
-    case UV_ENOTCONN:
-        return WEFT_EPEER;
-    default:
-        return WEFT_ETRANSPORT;
-    }
 }
 
 static void rx_fail(conn *k)
@@ -299,7 +283,7 @@ static void complete_batch(tcp_tp *tp, wreq *w)
  * cut its batch short, and a later batch of the same wire, written too
  * (libuv's next write, or the sending thread's, collected together),
  * would otherwise complete ahead of the frames left behind. */
-void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
+static void batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
 {
     if (tp->shut || tp->err != 0 || status < 0) {
         w->next = tp->free_wreqs;
@@ -319,7 +303,22 @@ static void data_write_cb(uv_write_t *req, int status)
 
     weft__tcp_write_done(tp);
     k->uv_batches--;
-    weft__tcp_batch_done(tp, k, w, status);
+    batch_done(tp, k, w, status);
+}
+
+/* Runs the completions of the batches the sending thread wrote (or
+ * failed), oldest first (inside progress() only). */
+static void tx_collect(tcp_tp *tp)
+{
+    wreq *w = weft__tcp_tx_take(tp);
+
+    while (w != NULL) {
+        wreq *next = w->next;
+
+        w->next = NULL;
+        batch_done(tp, w->k, w, w->status);
+        w = next;
+    }
 }
 
 /* Whether k's batch of bufs[0..n), whose first frame is x, goes to the
@@ -515,7 +514,7 @@ int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
  * for posted receives, relayed chunks for posted relay receives. */
 static void tcp_handoff(tcp_tp *tp)
 {
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     tcp_flush(tp);
     while (tp->rx_dirty != NULL && tp->err == 0) {
         conn *k = tp->rx_dirty;
@@ -537,7 +536,7 @@ static int spin_pass(void *arg)
     tcp_tp *tp = arg;
 
     weft__tcp_run(tp, UV_RUN_NOWAIT);
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     return tp->err;
 }
 
@@ -576,7 +575,7 @@ int weft__tcp_progress(weft__tp *t, uint64_t deadline_ms)
     uint64_t slept = weft__now_ns();
     uv_timer_start(&tp->timer, weft__tcp_timer_cb, deadline_ms - now, 0);
     weft__tcp_run(tp, UV_RUN_ONCE);
-    weft__tcp_tx_collect(tp);
+    tx_collect(tp);
     if (tp->err != 0)
         return tp->err;
     /* A turn that ended with nothing done (the loop's housekeeping timer)
@@ -591,7 +590,7 @@ void weft__tcp_wake(weft__tp *t)
     uv_async_send(&((tcp_tp *)t)->async);
 }
 
-/* ---- for transports built on this one (transport.h) ---- */
+/* ---- for transports built on this one (boot.h) ---- */
 
 int weft__tcp_poll(weft__tp *t)
 {

@@ -1,7 +1,8 @@
 /*
  * Loop helpers of the TCP transport: libuv's runs and writes under the
- * SIGPIPE guard, the record of the transport's first failure, closing a
- * connection, and the timer that bounds a wait.
+ * SIGPIPE guard, the record of the transport's first failure and the code
+ * of a failed read or write, closing a connection, and the timer that
+ * bounds a wait.
  */
 #include "transport/tcp/tcp.h"
 
@@ -54,6 +55,22 @@ void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
     va_start(ap, fmt);
     weft__tp_fail(tp->sink, &tp->err, err, fmt, ap);
     va_end(ap);
+}
+
+/* A connection's error as weft's code: a peer that closed or reset it is
+ * WEFT_EPEER, whichever call noticed; anything else is the transport's. */
+int weft__tcp_err_code(int uverr)
+{
+    switch (uverr) {
+    case UV_EOF:
+    case UV_EPIPE:
+    case UV_ECONNRESET:
+    case UV_ECONNABORTED:
+    case UV_ENOTCONN:
+        return WEFT_EPEER;
+    default:
+        return WEFT_ETRANSPORT;
+    }
 }
 
 static void conn_close_cb(uv_handle_t *h)

@@ -377,6 +377,12 @@ static int tcp_nwires(weft__tp *t, int p)
     return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
 }
 
+static const weft__tp_relay_ops tcp_relay = {
+    .offered = 1,
+    .send = weft__tcp_relay_send,
+    .recv = weft__tcp_relay_recv,
+};
+
 const weft__tp_ops weft__tcp_ops = {
     .name = "tcp",
     .create = weft__tcp_create_wires,
@@ -387,6 +393,7 @@ const weft__tp_ops weft__tcp_ops = {
     .progress = weft__tcp_progress,
     .wake = weft__tcp_wake,
     .shutdown = tcp_shutdown,
-    .relay_send = weft__tcp_relay_send,
-    .relay_recv = weft__tcp_relay_recv,
+    .relay = &tcp_relay,
+    .box = &weft__tp_no_box,
+    .read = &weft__tp_no_read,
 };

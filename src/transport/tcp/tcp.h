@@ -2,8 +2,8 @@
  * TCP transport on libuv: what the files of src/transport/tcp/ share (its
  * constants, connections, wire slots and the transport itself, and what one
  * file calls in another). Only they include this header: the engine sees
- * the transport through its ops table (weft__tcp_ops), the ibverbs
- * transport through the weft__tcp_* calls of transport.h.
+ * the transport through its ops table (weft__tcp_ops), the shared-memory
+ * and ibverbs transports through the weft__tcp_* calls of boot.h.
  *
  * The files: loop.c (libuv under the SIGPIPE guard, failures, closing a
  * connection), data.c (posting, reading, writing, progress), handshake.c
@@ -57,6 +57,7 @@
 #define WEFT_TRANSPORT_TCP_H
 
 #include "transport/common.h"
+#include "transport/tcp/boot.h"
 #include "transport/transport.h"
 
 #include <poll.h>
@@ -277,20 +278,21 @@ struct tcp_tp {
 /* ---- what one file calls in another ---- */
 
 /* loop.c: libuv under the SIGPIPE guard (see there), the transport's
- * first failure, closing a connection, the deadline timer's callback. */
+ * first failure, the code of a failed read or write (WEFT_EPEER where the
+ * peer closed or reset its end), closing a connection, the deadline
+ * timer's callback. */
 void weft__tcp_run(tcp_tp *tp, uv_run_mode mode);
 int weft__tcp_write(tcp_tp *tp, uv_write_t *req, uv_stream_t *s,
                     const uv_buf_t *bufs, unsigned int n, uv_write_cb cb);
 void weft__tcp_write_done(tcp_tp *tp);
 void weft__tcp_fail(tcp_tp *tp, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+int weft__tcp_err_code(int uverr);
 void weft__tcp_conn_close(conn *k);
 void weft__tcp_timer_cb(uv_timer_t *t);
 
 /* data.c: a data wire's reads (from the moment it is up), the ops
- * table's posting and progress, and the code of a failed read or write
- * (WEFT_EPEER where the peer closed or reset its end). */
-int weft__tcp_err_code(int uverr);
+ * table's posting and progress. */
 void weft__tcp_data_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 int weft__tcp_post_send(weft__tp *t, int p, int w, weft__xfer *x);
@@ -301,18 +303,17 @@ void weft__tcp_wake(weft__tp *t);
 /* tx.c: the sending thread. weft__tcp_tx_hand hands w (k's batch, its
  * bufs and nb filled) over, starting the thread if it is not running;
  * 0, or -1 where it cannot run (the caller writes the batch itself).
- * weft__tcp_tx_collect runs the completions of what came back (inside
- * progress() only). weft__tcp_tx_stop ends the thread (a batch it was
- * writing stays half-written: the communicator failed or finalized) and
- * hands every batch it held back to the free list, uncompleted (shutdown,
- * before any connection closes). */
+ * weft__tcp_tx_take takes back what the thread wrote (or failed to
+ * write): the batches linked by next, oldest first, their connections'
+ * counts lowered, each to complete (its status as libuv's callback would
+ * have it) by the caller (inside progress() only); NULL where none came
+ * back. weft__tcp_tx_stop ends the thread (a batch it was writing stays
+ * half-written: the communicator failed or finalized) and hands every
+ * batch it held back to the free list, uncompleted (shutdown, before any
+ * connection closes). */
 int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w);
-void weft__tcp_tx_collect(tcp_tp *tp);
+wreq *weft__tcp_tx_take(tcp_tp *tp);
 void weft__tcp_tx_stop(tcp_tp *tp);
-
-/* data.c, for tx.c: a batch that left (or failed), as libuv's callback
- * would have it. */
-void weft__tcp_batch_done(tcp_tp *tp, conn *k, wreq *w, int status);
 
 /* handshake.c: the listener's and the housekeeping timer's callbacks. */
 void weft__tcp_on_connection(uv_stream_t *server, int status);
@@ -327,8 +328,8 @@ int weft__tcp_tell_done(const tcp_tp *tp);
 void weft__tcp_setup_closed(conn *k);
 
 /* relay.c: a relay connection's reads, what progress() hands over (chunks
- * passing through, chunks kept for posted receives), and the ops table's
- * relay_send and relay_recv. */
+ * passing through, chunks kept for posted receives), and the entries of
+ * the relay table (transport.h). */
 void weft__tcp_relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
                              const uv_buf_t *buf);

@@ -260,13 +260,13 @@ int weft__tcp_tx_hand(tcp_tp *tp, conn *k, wreq *w)
     return 0;
 }
 
-void weft__tcp_tx_collect(tcp_tp *tp)
+wreq *weft__tcp_tx_take(tcp_tp *tp)
 {
     tcp_tx *t = tp->tx;
     wreq *w;
 
     if (t == NULL || atomic_load_explicit(&t->ndone, memory_order_acquire) == 0)
-        return;
+        return NULL;
     pthread_mutex_lock(&t->mu);
     w = t->done_head;
     t->done_head = t->done_tail = NULL;
@@ -276,13 +276,7 @@ void weft__tcp_tx_collect(tcp_tp *tp)
      * then closes and frees the connections. */
     for (wreq *y = w; y != NULL; y = y->next)
         y->k->tx_batches--;
-    while (w != NULL) {
-        wreq *next = w->next;
-
-        w->next = NULL;
-        weft__tcp_batch_done(tp, w->k, w, w->status);
-        w = next;
-    }
+    return w;
 }
 
 /* Hands a list of batches back to the free list, uncompleted. */

@@ -1,0 +1,120 @@
+/*
+ * Failures of the ibverbs transport: the first one recorded, the TCP
+ * side's news (a goodbye, a closed connection) taken in and its failure
+ * kept aside until it is judged, and a wire's queue pair that failed.
+ * The data path (data.c) and the completions (completions.c) both fail
+ * through these; nothing here calls them.
+ */
+#include "transport/ib/ib.h"
+
+#include <stdio.h>
+
+/* Records the first failure of the transport (later ones are consequences,
+ * such as flushed requests) on the communicator. */
+void weft__ib_fail(ib_tp *tp, int err, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    weft__tp_fail(tp->p->sink, &tp->err, err, fmt, ap);
+    va_end(ap);
+}
+
+const char *weft__ib_link_name(const ib_wire *w, char *buf, size_t len)
+{
+    if (w->link == WEFT__LINK_LOOPBACK)
+        snprintf(buf, len, "loopback");
+    else
+        snprintf(buf, len, "link %u", w->link);
+    return buf;
+}
+
+/* The peer whose leaving failed the TCP side (weft__tcp_lost_peer), or -1;
+ * -1 also where the failure was anything else (a relay connection), and
+ * tcp_wait_ms (completions.c) then judges without knowing the peer. Only
+ * peers with wires count: what a relayed peer sent went through the TCP
+ * side, which has failed. */
+static int tcp_lost_peer(const ib_tp *tp)
+{
+    int p = weft__tcp_lost_peer(tp->tcp);
+
+    if (p < 0 || p >= tp->nranks || p == tp->rank)
+        return -1;
+    /* With a relayed peer in the job, relays may be in flight through the
+     * failed TCP side, which the peer's wires do not show. */
+    for (int q = 0; q < tp->nranks; q++)
+        if (q != tp->rank && tp->peers[q].nwires == 0)
+            return -1;
+    return p;
+}
+
+/* Takes in the TCP side's news (a goodbye, a closed connection) before a
+ * failure is judged: a peer that finalized makes its queue pairs fail
+ * without that being an error here. Returns the TCP side's failure, which
+ * is kept aside (tcp_err, tcp_msg) rather than made this transport's own:
+ * poll_once (completions.c) judges it once what landed before it has been
+ * handed over. The TCP side records it in its own error record (tp->boot),
+ * never on the communicator's, so an operation that still succeeds leaves
+ * no failure behind it (the message reaches the communicator when it is
+ * judged). */
+int weft__ib_tcp_news(ib_tp *tp)
+{
+    int rc;
+
+    if (tp->tcp_err != 0)
+        return tp->tcp_err;
+    rc = weft__tcp_poll(tp->tcp);
+    if (rc < 0) {
+        tp->tcp_err = rc;
+        tp->tcp_err_ms = tp->tcp_move_ms = weft__now_ms();
+        snprintf(tp->tcp_msg, sizeof tp->tcp_msg, "%s",
+                 tp->boot.code != 0 ? tp->boot.msg : weft_strerror(rc));
+        tp->tcp_lost = tcp_lost_peer(tp);
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "the TCP side failed (peer %d): %s; judged once what "
+                  "landed is handed over",
+                  tp->tcp_lost, tp->tcp_msg);
+        return rc;
+    }
+    if (rc > 0)
+        tp->events++;
+    return 0;
+}
+
+/* Judges the TCP side's failure that weft__ib_tcp_news kept aside: from
+ * now on it is this transport's, with the TCP side's message. */
+int weft__ib_tcp_judge(ib_tp *tp)
+{
+    weft__ib_fail(tp, tp->tcp_err, "%s", tp->tcp_msg);
+    return tp->err;
+}
+
+/* A wire's queue pair failed (what: the request or event, detail: why).
+ * After a failure of the TCP side, or after its peer said goodbye, that is
+ * expected: the wire is dead (it sends no more) and the failure is judged
+ * elsewhere, once what landed on it has been handed over (completions.c:
+ * tcp_wait_ms, left_check). Otherwise it fails the transport. */
+void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
+                          const char *detail)
+{
+    ib_tp *tp = w->tp;
+    char lname[32];
+
+    if (tp->shut || tp->err != 0 || w->dead)
+        return;
+    if (weft__ib_tcp_news(tp) != 0 || tp->peers[w->peer].left) {
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "wire %d to peer %d: %s failed after the peer %s: %s", w->w,
+                  w->peer, what, tp->tcp_err != 0 ? "was lost" : "left",
+                  detail);
+        w->dead = 1;
+        return;
+    }
+    weft__ib_fail(
+        tp, err,
+        "rank %d: %s to/from peer %d on wire %d (%s, device %s port %d, "
+        "address %s) failed: %s",
+        tp->rank, what, w->peer, w->w,
+        weft__ib_link_name(w, lname, sizeof lname), w->dev->name, w->dev->port,
+        w->addr, detail);
+}
