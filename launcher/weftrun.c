@@ -38,29 +38,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-void msg(const char *fmt, ...)
-{
-    char buf[1024];
-    size_t n;
-    va_list ap;
-    int len;
-
-    memcpy(buf, "weftrun: ", 9);
-    va_start(ap, fmt);
-    len = vsnprintf(buf + 9, sizeof(buf) - 10, fmt, ap);
-    va_end(ap);
-    n = 9 + (len < 0 ? 0 : (size_t)len);
-    if (n > sizeof(buf) - 2)
-        n = sizeof(buf) - 2; /* truncated */
-    buf[n++] = '\n';
-    fwrite(buf, 1, n, stderr);
-}
 
 /* Makes the output pipes of rank i, in the job's loop. Returns 0, or -1
  * after saying why (and setting the exit status). */

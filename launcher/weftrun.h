@@ -5,6 +5,7 @@
  * weftrun is split by concern, one file each:
  *
  *   weftrun.c  main, and the job: the libuv loop, spawning the ranks
+ *   msg.c      weftrun's messages (msg), which every other file uses
  *   args.c     the command line: options, their checks, the help text
  *   setup.c    what is settled before any rank starts: the hostfile and
  *              the host of each rank, --check, ports (the ranks' and
@@ -12,7 +13,8 @@
  *   env.c      the environment each rank gets (WEFT_RANK, WEFT_SIZE, ...,
  *              and torchrun's RANK, WORLD_SIZE, MASTER_ADDR, ...)
  *   output.c   rank output copied line by line, prefixed "[rank N] "
- *   stop.c     signals, stopping the ranks, and weftrun's exit status
+ *   stop.c     how a job ends: a rank's exit, the signals weftrun gets
+ *   kill.c     stopping the ranks, and weftrun's exit status
  *   remote.c   the command that starts a rank on another host (ssh or
  *              --launch-cmd)
  *
@@ -41,7 +43,7 @@
 #define EXIT_NOSTART 127
 
 /* ------------------------------------------------------------------------ */
-/* Messages (weftrun.c)                                                       */
+/* Messages (msg.c)                                                           */
 
 /* Prints "weftrun: ", the message and a newline to stderr in one write, so
  * that it never mixes mid-line with rank output (written to fd 2 with
@@ -195,7 +197,8 @@ int rank_env_forwarded(const struct opts *o, const char *entry);
 void rank_env_free(struct rank_env *e);
 
 /* ------------------------------------------------------------------------ */
-/* The running job (weftrun.c), its output (output.c), its end (stop.c)       */
+/* The running job (weftrun.c), its output (output.c), its end (stop.c,      */
+/* kill.c)                                                                    */
 
 struct job;
 struct rank;
@@ -282,8 +285,14 @@ void stop_init(struct job *job);
  * resets dispositions in children). */
 void stop_prepare_signals(void);
 
+/* The exit_cb of every rank's uv_process_t (whose data is its struct
+ * rank): the first rank to fail is named on stderr, sets the exit status
+ * and stops the others. */
+void stop_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal);
+
 /* Records code as weftrun's exit status unless an earlier cause already
- * did: the first cause of failure is the one reported. */
+ * did: the first cause of failure is the one reported. (This and the
+ * four below are kill.c's.) */
 void stop_set_exit(struct job *job, int code);
 
 /* Stops every running rank: signum to its process group now, SIGKILL after
@@ -291,10 +300,16 @@ void stop_set_exit(struct job *job, int code);
  * timer callback, never from here. */
 void stop_ranks(struct job *job, int signum);
 
-/* The exit_cb of every rank's uv_process_t (whose data is its struct
- * rank): the first rank to fail is named on stderr, sets the exit status
- * and stops the others. */
-void stop_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal);
+/* Sends SIGKILL to every running rank at once (from the timer callback),
+ * whatever stop_ranks began. */
+void stop_kill_now(struct job *job);
+
+/* "SIGTERM" for SIGTERM, "signal N" for a number without a name; valid
+ * until the next call. */
+const char *stop_signal_name(int signum);
+
+/* "" for 1, else "s": for "%d rank%s". */
+const char *stop_plural(long n);
 
 /* ------------------------------------------------------------------------ */
 /* Starting a rank on another host (remote.c)                                 */

@@ -53,7 +53,7 @@ uint64_t weft__now_ms(void);
 /* Nanoseconds on the same clock, for spin loops. */
 uint64_t weft__now_ns(void);
 
-/* 1 on weft's progress thread (core/request.c), whose waits run beside the
+/* 1 on weft's progress thread (core/sched.c), whose waits run beside the
  * application's own threads (a framework computing while its operations
  * are pending): a transport's wait there spins WEFT_SPIN_US and no longer
  * (transport/common.h). 0 on every other thread. */

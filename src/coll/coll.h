@@ -1,10 +1,9 @@
 /*
- * What the ring and the mesh algorithms share: the one signature of every
- * algorithm (the tuning table, core/tune.c, picks among them), and
- * the algorithms built on either family's all-gather: the small all_reduce
- * (gather every input, reduce locally), the barrier; and those that need
- * every pair of ranks wired: recursive doubling, recursive halving +
- * doubling.
+ * The algorithms built on either family's all-gather (ring/, mesh/): the
+ * small all_reduce (gather every input, reduce locally), the barrier; and
+ * those that need every pair of ranks wired: recursive doubling, recursive
+ * halving + doubling. Every algorithm has task.h's weft__algo_fn signature
+ * (the tuning table, core/tune.c, picks among them).
  *
  * An algorithm posts its task (task.h): it starts the task's first pass
  * and names the part that runs once that pass completed, and returns
@@ -18,9 +17,6 @@
 #define WEFT_COLL_H
 
 #include "engine/task.h"
-
-/* Posts the algorithm on t (t->c, t->k and t->a are set). */
-typedef weft__task_fn weft__algo_fn;
 
 /* All_reduce of inputs gathered with `gather` (an all_gather algorithm)
  * into scratch and reduced in rank order 0..n-1 on every rank, so that

@@ -3,7 +3,7 @@
  * (topo.h, weft__hier_local): the ranks of a host work together over
  * their intra-host wires (shared memory, or loopback), and the cables
  * carry each byte once per host instead of once per rank. Signatures as
- * coll.h's weft__algo_fn; the selection table (core/tune.c) runs them
+ * task.h's weft__algo_fn; the selection table (core/tune.c) runs them
  * only where cfg->hier_local is L >= 2.
  */
 #ifndef WEFT_HIER_H

@@ -1,8 +1,8 @@
 /*
  * The communicator: what the public entry points keep per communicator
  * besides what the engine and the algorithms see of it (weft__ctx,
- * engine.h), and the requests that carry its operations (request.c). Only
- * the core includes this.
+ * engine.h), and the requests that carry its operations (request.c, their
+ * scheduler sched.c). Only the core includes this.
  */
 #ifndef WEFT_INTERNAL_H
 #define WEFT_INTERNAL_H
@@ -29,7 +29,7 @@ struct weft_comm {
      * returns WEFT_EABORTED); 0 while a failure found between operations
      * (a relay's) has not been reported yet. */
     atomic_int reported;
-    /* Batches of small all_reduces (request.c), touched by the thread
+    /* Batches of small all_reduces (sched.c), touched by the thread
      * that drives: how many operations the next one takes, as the ranks
      * agreed in the last batchable call (0: not agreed), and the buffer
      * that holds a batch's inputs end to end. */
@@ -67,12 +67,12 @@ typedef struct weft__opdesc {
 int weft__settings_agree(weft_comm *c, int own_rc, uint64_t deadline_ms,
                          char *errmsg, size_t errlen);
 
-/* ---- request.c ---- */
+/* ---- request.c, sched.c ---- */
 
 /* Sets up c's requests (the progress thread starts when first needed). */
 int weft__sched_init(weft_comm *c);
 
-/* Starts the progress thread now (relaying ranks: see request.c). */
+/* Starts the progress thread now (relaying ranks: see sched.c). */
 int weft__sched_relays(weft_comm *c);
 
 /* Runs d on c in post order: with req NULL, as a blocking call (returns

@@ -90,7 +90,7 @@ int weft__tune_init(weft__tune *t, const weft__ctx *c, char *errmsg,
 
 /* The algorithm that runs operation `kind` (WEFT__OP_*) with arguments a
  * on c under table t, and whether consecutive calls of it may run as one
- * batch (*batch; see core/request.c): fn's passes hear from every rank,
+ * batch (*batch; see core/sched.c): fn's passes hear from every rank,
  * so the call's hint (engine.h) ends agreed, and it reduces each element
  * in an order that does not depend on where the element lies or how many
  * there are. Never NULL for the collective kinds. */

@@ -42,10 +42,10 @@ typedef struct weft__call {
      * passes hear from every rank (recursive doubling, a one-exchange
      * gather) has ended, every rank holds the minimum over the ranks of
      * what each set at the start. The core agrees on batches with it
-     * (core/request.c); 0 where unused. */
+     * (core/sched.c); 0 where unused. */
     uint32_t hint;
     /* What a batch of operations run as this call is made of (a digest of
-     * their counts, core/request.c), which ranks must agree on as on the
+     * their counts, core/sched.c), which ranks must agree on as on the
      * count; 0 for a call that is one operation. */
     uint64_t parts;
 } weft__call;

@@ -29,6 +29,11 @@ typedef struct weft__task weft__task;
  * (t->next), or finishes. Returns WEFT_OK or the error; never waits. */
 typedef int (*weft__task_fn)(weft__task *t);
 
+/* An algorithm: posts itself on t (t->c, t->k and t->a are set). The ring
+ * (ring/), the mesh (mesh/) and the collectives built on them (coll/) all
+ * have this signature; the tuning table (core/tune.c) picks among them. */
+typedef weft__task_fn weft__algo_fn;
+
 struct weft__task {
     weft__ctx *c;
     weft__call *k; /* its call: deadline, and what ranks match on */

@@ -15,7 +15,7 @@
  *
  * Several passes may be in flight at once: point-to-point messages
  * progress beside each other and beside the one collective call that
- * runs (core/request.c). They share each wire's two byte streams, so:
+ * runs (core/sched.c). They share each wire's two byte streams, so:
  *
  * - Sending, a lane's wire puts its header and every frame of its region
  *   on the stream before another pass's bytes go there: the first to

@@ -2,12 +2,12 @@
  * Mesh algorithms, one file each, for jobs where every pair of ranks has
  * direct wires: each rank exchanges with every peer at once, one lane per
  * peer, each lane striped over all the wires to that peer. Signatures as
- * coll.h's weft__algo_fn; arguments are already validated.
+ * task.h's weft__algo_fn; arguments are already validated.
  */
 #ifndef WEFT_MESH_H
 #define WEFT_MESH_H
 
-#include "coll/coll.h"
+#include "engine/task.h"
 
 /* Large all_reduce: a direct reduce-scatter (rank p receives every peer's
  * chunk p and reduces the n contributions in rank order 0..n-1), then a
@@ -59,8 +59,8 @@ typedef struct weft__peer_io {
 int weft__mesh_exchange(weft__task *t, const weft__peer_io *io);
 
 /* Step s (0 <= s < nsteps) of what this rank exchanges with member p. */
-typedef void (*weft__mesh_step_fn)(const weft__task *t, const void *arg,
-                                   int p, int s, weft__peer_io *io);
+typedef void (*weft__mesh_step_fn)(const weft__task *t, const void *arg, int p,
+                                   int s, weft__peer_io *io);
 
 /* The same with nsteps steps with each peer, as step() gives them (every
  * step of both ends' lanes the same lengths, as above; a peer with no bytes

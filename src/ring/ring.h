@@ -5,12 +5,12 @@
  * link carry load. A lane in the reverse direction is the forward
  * algorithm on "virtual" ranks v = (n - rank) % n, whose right neighbour
  * is the real left one. Chunks are whole elements (weft__plan_chunk).
- * Signatures as coll.h's weft__algo_fn; arguments are already validated.
+ * Signatures as task.h's weft__algo_fn; arguments are already validated.
  */
 #ifndef WEFT_RING_H
 #define WEFT_RING_H
 
-#include "coll/coll.h"
+#include "engine/task.h"
 
 int weft__ring_all_reduce(weft__task *t);
 int weft__ring_all_gather(weft__task *t);

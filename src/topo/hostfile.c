@@ -1,12 +1,12 @@
 /*
  * Hostfiles: the entry points of hostfile.h, reading the file, telling the
  * three forms apart, and what every form goes through after its parser
- * (the job's rank count, the ring, rank numbers); also the helpers the
- * parsers share. Each form has a file of its own: parse_json.c (weft's
- * object), parse_mlx.c (MLX's ring hostfile, and how it maps onto hosts
- * and links), parse_text.c (mpirun's text); the ring and mesh search is
- * search.c, weftrun --check's description describe.c. hostfile_int.h
- * lists what they share.
+ * (the job's rank count, the ring, rank numbers). Each form has a file of
+ * its own: parse_json.c (weft's object), parse_mlx.c (MLX's ring
+ * hostfile, and how it maps onto hosts and links), parse_text.c (mpirun's
+ * text); the ring and mesh search is search.c, weftrun --check's
+ * description describe.c, and the helpers they all share hf_common.c.
+ * hostfile_int.h lists what they share.
  *
  * Every failure is WEFT_ECONFIG with a message that starts with the file's
  * path and then says where (line and column, or a field path such as
@@ -17,88 +17,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_FILE_BYTES (16L << 20)
-
-/* ---- shared by the hostfile's files ---- */
-
-int weft__hf_fail(hf_ctx *c, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    if (c->errmsg == NULL || c->errlen == 0)
-        return WEFT_ECONFIG;
-    n = snprintf(c->errmsg, c->errlen, "%s: ", c->file);
-    if (n < 0 || (size_t)n >= c->errlen)
-        return WEFT_ECONFIG;
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg + n, c->errlen - (size_t)n, fmt, ap);
-    va_end(ap);
-    return WEFT_ECONFIG;
-}
-
-int weft__hf_nomem(hf_ctx *c)
-{
-    if (c->errmsg != NULL && c->errlen > 0)
-        snprintf(c->errmsg, c->errlen, "%s: out of memory reading the hostfile",
-                 c->file);
-    return WEFT_ENOMEM;
-}
-
-void weft__hf_app(char *buf, size_t len, const char *fmt, ...)
-{
-    size_t n = strlen(buf);
-    va_list ap;
-
-    if (n + 1 >= len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(buf + n, len - n, fmt, ap);
-    va_end(ap);
-}
-
-void weft__hf_copy_str(char *dst, size_t dstlen, const char *src)
-{
-    size_t n = strlen(src);
-    if (n >= dstlen)
-        n = dstlen - 1;
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
-int weft__hf_find_host(const weft__hostfile_out *h, int upto, const char *name)
-{
-    for (int i = 0; i < upto; i++)
-        if (strcmp(h->hosts[i].name, name) == 0)
-            return i;
-    return -1;
-}
-
-int weft__hf_default_ports(weft__host *host, int base)
-{
-    for (int k = 0; k < host->nranks; k++) {
-        if (base + k > 65535)
-            return -1;
-        host->ports[k] = base + k;
-    }
-    return 0;
-}
-
-void weft__hf_set_link(weft__link *l, int h0, const char *a0, int h1,
-                       const char *a1)
-{
-    l->end[0].host = h0;
-    weft__hf_copy_str(l->end[0].addr, sizeof l->end[0].addr, a0);
-    l->end[1].host = h1;
-    weft__hf_copy_str(l->end[1].addr, sizeof l->end[1].addr, a1);
-}
 
 void weft__hostfile_free(weft__hostfile_out *h)
 {

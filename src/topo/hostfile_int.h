@@ -5,7 +5,9 @@
  *  hostfile.c    the entry points (load, load_text, read, free), reading
  *                the file, telling the three forms apart, and what every
  *                form goes through after parsing (rank count, ring, rank
- *                numbers); the helpers declared below
+ *                numbers)
+ *  hf_common.c   the helpers declared first below, which every other
+ *                file uses and which use none of theirs
  *  parse_json.c  weft's JSON object
  *  parse_mlx.c   MLX's ring hostfile (a JSON list of "ip:port" lists)
  *  parse_text.c  mpirun's text form
