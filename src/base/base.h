@@ -27,6 +27,10 @@
  * engine and the transports report into the one they are given. Safe from
  * several threads: the first writer claims it, and code turns non-zero
  * only once msg is complete, so a reader that sees the code may read msg. */
+/* Why the calling thread's last weft_init() or weft_listener_open()
+ * failed: weft_last_error(NULL) (error.c). */
+extern _Thread_local char weft__init_errmsg[WEFT__ERRMSG_LEN];
+
 typedef struct weft__errsink {
     _Atomic int code; /* 0 until the first failure */
     atomic_flag claimed;

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+_Thread_local char weft__init_errmsg[WEFT__ERRMSG_LEN];
+
 const char *weft_strerror(int err)
 {
     switch (err) {

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 /* Why the last weft_init() on this thread failed (weft_last_error(NULL)). */
-static _Thread_local char init_errmsg[WEFT__ERRMSG_LEN];
+#define init_errmsg weft__init_errmsg
 
 const char *weft_last_error(const weft_comm *c)
 {
@@ -40,12 +40,6 @@ static const weft__tp_ops *pick_transport(const weft__config *cfg)
         return &weft__ibverbs_ops;
 #endif
     return NULL;
-}
-
-char *weft__init_errmsg(size_t *len)
-{
-    *len = sizeof init_errmsg;
-    return init_errmsg;
 }
 
 /* weft_info's text: the settings c runs with, then its table. */

@@ -38,8 +38,6 @@ struct weft_comm {
     size_t batch_bytes;
 };
 
-/* The calling thread's weft_last_error(NULL) buffer (*len bytes). */
-char *weft__init_errmsg(size_t *len);
 /* The socket of l, which is freed (-1 for NULL): the caller closes it. */
 int weft__listener_take(weft_listener *l);
 /* The local port fd is bound to, or -1. */

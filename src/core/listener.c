@@ -27,12 +27,10 @@ struct weft_listener {
 __attribute__((format(printf, 2, 3))) static int fail(int rc, const char *fmt,
                                                       ...)
 {
-    size_t len;
-    char *msg = weft__init_errmsg(&len);
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(msg, len, fmt, ap);
+    vsnprintf(weft__init_errmsg, sizeof weft__init_errmsg, fmt, ap);
     va_end(ap);
     return rc;
 }
@@ -47,9 +45,7 @@ int weft_listener_open(weft_listener **out, const char *host, char *addr,
     weft_listener *l;
     int fd, gai;
 
-    size_t len;
-
-    weft__init_errmsg(&len)[0] = '\0';
+    weft__init_errmsg[0] = '\0';
     if (out != NULL)
         *out = NULL;
     if (out == NULL || addr == NULL)

@@ -231,7 +231,7 @@ int weft__settings_agree(weft_comm *c, int own_rc, uint64_t deadline_ms,
          * (each rank split them differently) are a configuration error
          * too. */
         snprintf(errmsg, errlen, "comparing the ranks' settings: %s",
-                 weft_last_error(c));
+                 c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg);
         if (rc == WEFT_EMISMATCH)
             rc = WEFT_ECONFIG;
         goto out;
