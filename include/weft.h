@@ -188,6 +188,23 @@ WEFT_EXPORT int weft_size(const weft_comm *c);
  * when c is NULL. */
 WEFT_EXPORT const char *weft_info(const weft_comm *c);
 
+/* The wires between this rank and a peer over cables (links x wires per
+ * link; a peer reached through shared memory or a relay has none). */
+typedef struct {
+    int total;     /* wires to this peer (links x wires per link) */
+    int up;        /* carrying traffic now */
+    unsigned lost; /* wires lost since the communicator was made */
+    unsigned back; /* wires that came back */
+} weft_wire_info;
+
+/* Fills *out for peer (a rank of c other than this one): WEFT_OK, or
+ * WEFT_EINVAL for a NULL c or out, or a peer out of range or this rank.
+ * Never blocks; valid on a failed communicator too. A wire is lost when
+ * its connection ended with an error or went silent for
+ * WEFT_WIRE_TIMEOUT_MS (WEFT_LOG=warn says which and why). */
+WEFT_EXPORT int weft_peer_wires(const weft_comm *c, int peer,
+                                weft_wire_info *out);
+
 /* Sets the deadline of each later call on c, in milliseconds (> 0; else
  * WEFT_EINVAL and the deadline is unchanged). A call's deadline starts when
  * it is called and covers all of it: every exchange, relay and retry it

@@ -40,7 +40,7 @@ import weakref
 from weft import _errors
 from weft._buffers import Buf, Op, as_c_int, as_op, same_dtype
 from weft._errors import InvalidArgument, from_code
-from weft._lib import CALLBACK, Config, lib, text
+from weft._lib import CALLBACK, Config, WireInfo, lib, text
 
 _log = logging.getLogger("weft")
 _tls = threading.local()
@@ -718,6 +718,25 @@ class Comm:
             if self._h is None:
                 raise InvalidArgument("%r is closed" % self)
             return text(fn(self._h))
+
+    def peer_wires(self, peer):
+        """weft_peer_wires(): the wires over cables between this rank and
+        peer, as a dict: total (links x wires per link; 0 for a peer
+        reached through shared memory or a relay), up (carrying traffic
+        now), lost (since the communicator was made), back (returned)."""
+        fn = lib.optional("weft_peer_wires")
+        info = WireInfo()
+        peer = as_c_int(peer, "peer_wires: peer")
+        with self._life_lock:
+            if self._h is None:
+                raise InvalidArgument("%r is closed" % self)
+            rc = fn(self._h, peer, ctypes.byref(info))
+        if rc != 0:
+            raise InvalidArgument(
+                "peer_wires: peer %d is not another rank of this "
+                "communicator" % peer)
+        return {"total": info.total, "up": info.up, "lost": info.lost,
+                "back": info.back}
 
     def set_timeout(self, timeout_ms):
         """Per-operation deadline of later calls, in milliseconds (> 0)."""

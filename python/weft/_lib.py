@@ -48,6 +48,16 @@ class Config(ctypes.Structure):
     ]
 
 
+class WireInfo(ctypes.Structure):
+    """weft_wire_info, field for field as include/weft.h declares it."""
+    _fields_ = [
+        ("total", _c_int),
+        ("up", _c_int),
+        ("lost", ctypes.c_uint),
+        ("back", ctypes.c_uint),
+    ]
+
+
 # name: (restype, argtypes). Every libweft this package supports has these.
 _PROTOS = {
     "weft_strerror": (ctypes.c_char_p, [_c_int]),
@@ -95,6 +105,7 @@ _OPTIONAL = {
     "weft_listener_close": (_c_int, [_vp]),
     "weft_init_config": (_c_int, [_vpp, ctypes.POINTER(Config)]),
     "weft_info": (ctypes.c_char_p, [_vp]),
+    "weft_peer_wires": (_c_int, [_vp, _c_int, ctypes.POINTER(WireInfo)]),
 }
 
 

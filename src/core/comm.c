@@ -232,6 +232,23 @@ out:
     return rc;
 }
 
+int weft_peer_wires(const weft_comm *c, int peer, weft_wire_info *out)
+{
+    int up = 0;
+
+    if (c == NULL || out == NULL)
+        return WEFT_EINVAL;
+    if (peer < 0 || peer >= c->x.nranks || peer == c->x.rank)
+        return WEFT_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (c->x.tp == NULL)
+        return WEFT_OK;
+    out->total = c->x.tpo->cable_wires(c->x.tp, peer, &up);
+    out->up = up;
+    out->lost = (unsigned)(out->total - up);
+    return WEFT_OK;
+}
+
 int weft_init(weft_comm **out)
 {
     return init_comm(out, NULL, "weft_init");

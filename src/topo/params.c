@@ -55,6 +55,15 @@ const weft__param weft__params[WEFT__P_COUNT] = {
                                     WEFT__DEFAULT_CONNECT_TIMEOUT_MS, USER,
                                     "how long `weft_init` waits for its "
                                     "peers, in milliseconds"},
+    [WEFT__P_WIRE_TIMEOUT_MS] = {"WEFT_WIRE_TIMEOUT_MS",
+                                 NUM(INT, wire_timeout_ms, 0, INT_MAX,
+                                     WEFT__DEFAULT_WIRE_TIMEOUT_MS),
+                                 USER,
+                                 "a wire over a cable that answers nothing "
+                                 "for this many milliseconds is lost (TCP: "
+                                 "noticed within it, in whole seconds "
+                                 "where nothing is moving); `0`: the "
+                                 "kernel's timeouts"},
     [WEFT__P_WIRES] = {"WEFT_WIRES", INT, CF(wires), UC(wires), 1, 16, 1,
                        SAME | USER,
                        "connections per peer on each link (`weftrun "

@@ -17,6 +17,10 @@
 #define WEFT__DEFAULT_PORT 32323
 #define WEFT__DEFAULT_TIMEOUT_MS 300000
 #define WEFT__DEFAULT_CONNECT_TIMEOUT_MS 60000
+/* A wire that carries nothing back for this long is lost: TCP aborts a
+ * connection whose sent bytes or keepalive probes (one a second while it
+ * is idle) go unanswered that long (TCP_USER_TIMEOUT). */
+#define WEFT__DEFAULT_WIRE_TIMEOUT_MS 2000
 #define WEFT__DEFAULT_FRAME_BYTES (256 * 1024)
 #define WEFT__DEFAULT_SOCKBUF_BYTES (4 << 20)
 #define WEFT__DEFAULT_SPIN_US 50
@@ -159,6 +163,7 @@ typedef struct weft__config {
     int nranks;
     int timeout_ms;
     int connect_timeout_ms;
+    int wire_timeout_ms;   /* a silent wire is lost after this; 0: kernel's */
     int wires;             /* connections per peer per link */
     size_t frame_bytes;    /* pipeline frame size */
     int sockbuf_bytes;     /* SO_SNDBUF/SO_RCVBUF, 0: the kernel's autotuning */

@@ -1016,3 +1016,55 @@ Test(matching, settings_must_agree, .timeout = 240)
                   cases[i].nranks, mp_describe(&res, buf, sizeof buf));
     }
 }
+
+/* ---- the wires to each peer (weft_peer_wires) ----
+ *
+ * Over TCP with 3 wires per link, every peer has 3, all up; through
+ * shared memory none; this rank, a rank out of range and NULL arguments
+ * are WEFT_EINVAL. (Wires lost and their counts: the multi-host fault
+ * cases, tests/multihost/ring-test --mode faults.) */
+static int wires_rank(int rank, int nranks, void *arg)
+{
+    const int shm = *(const int *)arg;
+    weft_wire_info wi;
+    weft_comm *c = NULL;
+    int bad = 0;
+
+    setenv("WEFT_SHM", shm ? "1" : "0", 1);
+    setenv("WEFT_WIRES", "3", 1);
+    if (mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    for (int p = 0; p < nranks; p++) {
+        int rc = weft_peer_wires(c, p, &wi);
+
+        if (p == rank) {
+            bad |= rc != WEFT_EINVAL;
+            continue;
+        }
+        if (rc != WEFT_OK || wi.total != (shm ? 0 : 3) || wi.up != wi.total ||
+            wi.lost != 0 || wi.back != 0) {
+            mp_log("peer %d (%s): rc %d, total %d, up %d, lost %u, back %u", p,
+                   shm ? "shm" : "tcp", rc, wi.total, wi.up, wi.lost, wi.back);
+            bad = 1;
+        }
+    }
+    bad |= weft_peer_wires(c, nranks, &wi) != WEFT_EINVAL;
+    bad |= weft_peer_wires(c, -1, &wi) != WEFT_EINVAL;
+    bad |= weft_peer_wires(c, rank ^ 1, NULL) != WEFT_EINVAL;
+    bad |= weft_peer_wires(NULL, 0, &wi) != WEFT_EINVAL;
+    bad |= weft_barrier(c) != WEFT_OK;
+    return weft_finalize(c) != WEFT_OK || bad;
+}
+
+Test(wires, peer_wires_counts_each_peers_wires, .timeout = 60)
+{
+    for (int shm = 0; shm < 2; shm++) {
+        struct mp_opts o = {.nranks = 3, .deadline_ms = JOB_DEADLINE_MS};
+        struct mp_result res;
+        char buf[1024];
+
+        cr_assert_eq(mp_run(&o, wires_rank, &shm, &res), 0);
+        cr_assert(mp_all_passed(&res), "%s: %s", shm ? "shm" : "tcp",
+                  mp_describe(&res, buf, sizeof buf));
+    }
+}

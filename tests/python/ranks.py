@@ -264,6 +264,19 @@ def case_ops(comm):
                                         np.int64))
     comm.ibarrier().wait()
     comm.barrier()
+    # The wires to each peer: shared memory (these ranks share a host)
+    # has none; this rank is not a peer.
+    if n > 1:
+        shm = (os.environ.get("WEFT_SHM", "1") != "0" and
+               os.environ.get("WEFT_TRANSPORT", "tcp") != "ibverbs")
+        w = comm.peer_wires((r + 1) % n)
+        assert w["up"] == w["total"] and w["lost"] == 0 and w["back"] == 0, w
+        assert (w["total"] == 0) == shm, w
+    try:
+        comm.peer_wires(r)
+        raise AssertionError("peer_wires(this rank) did not raise")
+    except weft.InvalidArgument:
+        pass
 
 
 def case_errors(comm):

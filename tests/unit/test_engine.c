@@ -237,9 +237,16 @@ static void mock_wake(weft__tp *t)
     atomic_store(&((mock *)t)->woken, 1);
 }
 
+static int mock_cable_wires(weft__tp *t, int p, int *up)
+{
+    *up = mock_nwires(t, p);
+    return *up;
+}
+
 static const weft__tp_ops mock_ops = {
     .name = "mock",
     .nwires = mock_nwires,
+    .cable_wires = mock_cable_wires,
     .post_send = mock_post_send,
     .post_recv = mock_post_recv,
     .progress = mock_progress,

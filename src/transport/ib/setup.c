@@ -177,6 +177,19 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
     return WEFT_OK;
 }
 
+static int ib_cable_wires(weft__tp *t, int p, int *up)
+{
+    ib_tp *tp = (ib_tp *)t;
+
+    *up = 0;
+    if (p < 0 || p >= tp->nranks)
+        return 0;
+    for (int i = 0; i < tp->peers[p].nwires; i++)
+        if (!tp->peers[p].w[i].dead && tp->err == 0)
+            (*up)++;
+    return tp->peers[p].nwires;
+}
+
 static int ib_nwires(weft__tp *t, int p)
 {
     ib_tp *tp = (ib_tp *)t;
@@ -433,6 +446,7 @@ const weft__tp_ops weft__ibverbs_ops = {
     .create = ib_create,
     .destroy = ib_destroy,
     .nwires = ib_nwires,
+    .cable_wires = ib_cable_wires,
     .post_send = weft__ib_post_send,
     .post_recv = weft__ib_post_recv,
     .progress = weft__ib_progress,

@@ -612,6 +612,16 @@ static int exchange(shm_tp *tp)
 
 /* ---- create, shutdown, destroy ---- */
 
+static int shm_cable_wires(weft__tp *t, int p, int *up)
+{
+    shm_tp *tp = (shm_tp *)t;
+
+    *up = 0;
+    if (p < 0 || p >= tp->nranks || p == tp->rank || tp->local[p] != NULL)
+        return 0;
+    return weft__tcp_ops.cable_wires(tp->tcp, p, up);
+}
+
 static int shm_nwires(weft__tp *t, int p)
 {
     shm_tp *tp = (shm_tp *)t;
@@ -780,6 +790,7 @@ const weft__tp_ops weft__shm_ops = {
     .create = shm_create,
     .destroy = shm_destroy,
     .nwires = shm_nwires,
+    .cable_wires = shm_cable_wires,
     .post_send = weft__shm_post_send,
     .post_recv = weft__shm_post_recv,
     .progress = weft__shm_progress,

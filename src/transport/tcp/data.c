@@ -75,6 +75,7 @@ static void tx_failed(conn *k, int uverr)
 {
     tcp_tp *tp = k->tp;
 
+    weft__tcp_wire_lost(k, uverr);
     if (weft__tcp_err_code(uverr) != WEFT_EPEER) {
         weft__tcp_fail(tp, weft__tcp_err_code(uverr),
                        "rank %d: send to peer %d on wire %d (%s) failed: %s",
@@ -249,6 +250,7 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
      * receive wants more or a send is posted to it. */
     k->rx_end = (int)nread;
     tp->ends++;
+    weft__tcp_wire_lost(k, (int)nread);
     if (!tp->up) {
         /* Before set-up ended nothing is owed: the peer gave up. */
         weft__tcp_setup_closed(k);

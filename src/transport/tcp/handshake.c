@@ -10,6 +10,8 @@
 #include "base/bytes.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +51,23 @@ static void pending_remove(tcp_tp *tp, conn *k)
 static void tune_socket(conn *k)
 {
     int sz = k->tp->cfg->sockbuf_bytes;
+    int wt = k->tp->cfg->wire_timeout_ms;
+    uv_os_fd_t fd;
 
     uv_tcp_nodelay(&k->h, 1);
+    /* A link that goes silent (a cable pulled at the far end, a port
+     * gone) is noticed within WEFT_WIRE_TIMEOUT_MS: bytes sent or a
+     * keepalive probe (one a second while nothing moves) unanswered that
+     * long abort the connection (ETIMEDOUT). A stopped process's kernel
+     * still answers both, so it is not a lost link. */
+    if (wt > 0 && uv_fileno((uv_handle_t *)&k->h, &fd) == 0) {
+        int one = 1;
+        unsigned ut = (unsigned)wt;
+
+        uv_tcp_keepalive(&k->h, 1, 1);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
+    }
     /* A refusal (a capped system) only costs speed, so it is not an
      * error. 0 leaves the buffers to the kernel's autotuning. */
     if (sz > 0) {

@@ -67,10 +67,37 @@ int weft__tcp_err_code(int uverr)
     case UV_ECONNRESET:
     case UV_ECONNABORTED:
     case UV_ENOTCONN:
+    /* The link is lost: the peer cannot be reached on this wire (no
+     * answer within WEFT_WIRE_TIMEOUT_MS, or the route is gone). */
+    case UV_ETIMEDOUT:
+    case UV_EHOSTUNREACH:
+    case UV_ENETUNREACH:
+    case UV_ENETDOWN:
+    case UV_EHOSTDOWN:
         return WEFT_EPEER;
     default:
         return WEFT_ETRANSPORT;
     }
+}
+
+void weft__tcp_wire_lost(conn *k, int uverr)
+{
+    tcp_tp *tp = k->tp;
+
+    if (k->lost || k->peer < 0 || k->wire < 0 ||
+        k->wire >= tp->peers[k->peer].nwires)
+        return;
+    k->lost = 1;
+    atomic_fetch_add(&tp->peers[k->peer].lost, 1);
+    /* A peer that closes (its weft_finalize, or its death) is its own
+     * news; a link that fails is this one. */
+    if (uverr != UV_EOF && !tp->shut)
+        weft__log(WEFT__LOG_WARN, tp->rank,
+                  "wire %d to peer %d (%s) lost: %s%s", k->wire, k->peer,
+                  k->name, uv_strerror(uverr),
+                  uverr == UV_ETIMEDOUT ? " (no answer within "
+                                          "WEFT_WIRE_TIMEOUT_MS)"
+                                        : "");
 }
 
 static void conn_close_cb(uv_handle_t *h)

@@ -371,6 +371,20 @@ fail:
     return rc;
 }
 
+/* Any thread: the counts only (the connections are the loop's). */
+static int tcp_cable_wires(weft__tp *t, int p, int *up)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    int n;
+
+    *up = 0;
+    if (p < 0 || p >= tp->nranks)
+        return 0;
+    n = tp->peers[p].nwires;
+    *up = n - atomic_load(&tp->peers[p].lost);
+    return n;
+}
+
 static int tcp_nwires(weft__tp *t, int p)
 {
     tcp_tp *tp = (tcp_tp *)t;
@@ -388,6 +402,7 @@ const weft__tp_ops weft__tcp_ops = {
     .create = weft__tcp_create_wires,
     .destroy = tcp_destroy,
     .nwires = tcp_nwires,
+    .cable_wires = tcp_cable_wires,
     .post_send = weft__tcp_post_send,
     .post_recv = weft__tcp_post_recv,
     .progress = weft__tcp_progress,

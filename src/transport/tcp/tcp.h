@@ -123,6 +123,7 @@ typedef struct conn {
      * dialling side learns it), then the job fails (settings_differ). */
     int bad_settings;
     int telling; /* it carries this rank's failure: closed once written */
+    int lost;    /* counted in its peer's lost */
     char why[160];
     uint8_t hbuf[HELLO_BYTES];
     size_t hgot;
@@ -179,6 +180,7 @@ typedef struct {
     int nwires; /* data wires: s[0 .. nwires) */
     int nslots; /* plus the relay connection, if any */
     slot *s;
+    atomic_int lost; /* data wires whose connection ended (weft_peer_wires) */
 } peer;
 
 /* One write of a batch of frames; they complete together, in order. */
@@ -318,6 +320,9 @@ void weft__tcp_tx_stop(tcp_tp *tp);
 /* handshake.c: the listener's and the housekeeping timer's callbacks. */
 void weft__tcp_on_connection(uv_stream_t *server, int status);
 void weft__tcp_housekeep_cb(uv_timer_t *t);
+/* k's stream ended (uverr): counted in its peer's lost wires, and said
+ * (WEFT_LOG=warn) where a link failed rather than the peer closing. */
+void weft__tcp_wire_lost(conn *k, int uverr);
 /* Set-up failed on this rank (tp->err): starts telling the peers, until
  * deadline_ms at the latest. */
 void weft__tcp_tell_start(tcp_tp *tp, uint64_t deadline_ms);
