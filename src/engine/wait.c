@@ -73,9 +73,9 @@ static int deadline_passed(run *r)
 
     describe_wait(r, what, sizeof what);
     return weft__set_error(r->c, WEFT_ETIMEDOUT,
-                           "rank %d: %s passed its deadline of %d ms "
-                           "(weft_set_timeout or WEFT_TIMEOUT_MS) waiting "
-                           "for %s",
+                           "rank %d: %s timed out: its deadline of %d ms "
+                           "passed (the timeout is weft_set_timeout or "
+                           "WEFT_TIMEOUT_MS) waiting for %s",
                            r->c->rank, r->k->name, r->k->timeout_ms, what);
 }
 

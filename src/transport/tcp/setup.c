@@ -346,8 +346,8 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
                         break;
                     }
             rc = weft__fail(sink, WEFT_ETIMEDOUT,
-                            "rank %d: peers%s not connected within the "
-                            "connect deadline of %d ms "
+                            "rank %d: timed out: peers%s not connected "
+                            "within the connect deadline of %d ms "
                             "(WEFT_CONNECT_TIMEOUT_MS or "
                             "weft_config.connect_timeout_ms)",
                             tp->rank, missing, cfg->connect_timeout_ms);
