@@ -38,6 +38,7 @@ enum opt_id {
     OPT_LAUNCH_CMD,
     OPT_CHECK,
     OPT_PRINT_CONFIG,
+    OPT_KEEP_GOING,
     OPT_HELP,
     OPT_VERSION,
 };
@@ -64,6 +65,7 @@ static const struct {
     {"--launch-cmd", OPT_LAUNCH_CMD, ARG_REQUIRED},
     {"--check", OPT_CHECK, ARG_OPTIONAL},
     {"--print-config", OPT_PRINT_CONFIG, ARG_NONE},
+    {"--keep-going", OPT_KEEP_GOING, ARG_NONE},
     {"-h", OPT_HELP, ARG_NONE},
     {"--help", OPT_HELP, ARG_NONE},
     {"--version", OPT_VERSION, ARG_NONE},
@@ -94,6 +96,9 @@ static void args_usage(FILE *f)
         "                     is the next option, not FILE\n"
         "  --print-config     rank 0 prints, from weft_init, the settings and\n"
         "                     the tuning table in effect (weft_info)\n"
+        "  --keep-going       a rank that fails does not stop the others;\n"
+        "                     weftrun waits for all, names every failed rank\n"
+        "                     and exits non-zero\n"
         "  --wires W          connections per peer on each link "
         "(WEFT_WIRES)\n"
         "  --transport T      tcp | ibverbs (WEFT_TRANSPORT)\n"
@@ -342,6 +347,9 @@ static int args_apply(struct opts *o, enum opt_id id, const char *val)
         break;
     case OPT_PRINT_CONFIG:
         o->print_config = 1;
+        break;
+    case OPT_KEEP_GOING:
+        o->keep_going = 1;
         break;
     case OPT_HELP:
         args_usage(stdout);

@@ -10,7 +10,9 @@
  * killed by signal S, or weftrun told to stop by S, gives 128+S. Ranks
  * are stopped with SIGTERM (or the signal weftrun got), then SIGKILL after
  * --grace-ms (kill.c). A second signal to weftrun while the ranks are
- * being stopped sends SIGKILL at once.
+ * being stopped sends SIGKILL at once. With --keep-going nobody is
+ * stopped for a rank's failure: every rank that fails is named, the first
+ * sets the exit status, and weftrun says at the end how many failed.
  */
 #define _GNU_SOURCE
 
@@ -40,7 +42,27 @@ void stop_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
 
     r->exited = 1;
     job->nrunning--;
-    if ((exit_status != 0 || term_signal != 0) && job->phase == STOP_NONE) {
+    if ((exit_status != 0 || term_signal != 0) && job->phase == STOP_NONE &&
+        job->opts->keep_going) {
+        /* Every failure is named; the first sets the exit status; the
+         * others run on. */
+        job->nfailed++;
+        if (term_signal != 0) {
+            msg("rank %d (%spid %d) was killed by signal %d (%s); the "
+                "others go on (--keep-going)",
+                r->index, stop_host_label(r), r->pid, term_signal,
+                stop_signal_name(term_signal));
+            stop_set_exit(job, 128 + term_signal);
+        } else {
+            msg("rank %d (%spid %d) exited with code %d; the others go on "
+                "(--keep-going)",
+                r->index, stop_host_label(r), r->pid, (int)exit_status);
+            stop_set_exit(job, exit_status >= 1 && exit_status <= 125
+                                   ? (int)exit_status
+                                   : 1);
+        }
+    } else if ((exit_status != 0 || term_signal != 0) &&
+               job->phase == STOP_NONE) {
         /* The first rank to fail is the cause; the ones stopped because of
          * it are not reported. */
         if (term_signal != 0) {

@@ -180,6 +180,10 @@ static int job_run(struct job *job, struct rank_env *env)
     for (int i = 0; i < o->nranks; i++)
         for (int k = 0; k < 2; k++)
             free(job->ranks[i].streams[k].line);
+    if (o->keep_going && job->nfailed > 0 && job->phase == STOP_NONE)
+        msg("%d of %d rank%s failed (named above); the others ran to their "
+            "end",
+            job->nfailed, o->nranks, o->nranks == 1 ? "" : "s");
     return job->exit_code < 0 ? 0 : job->exit_code;
 }
 

@@ -67,7 +67,8 @@ struct opts {
     int check;              /* --check: describe the hostfile, run nothing */
     const char *check_file; /* --check FILE: FILE, else NULL */
     int print_config;       /* --print-config: rank 0 prints weft_info */
-    const char **xvars;     /* the -x arguments, in order (owned array) */
+    int keep_going;     /* --keep-going: a failed rank does not stop the rest */
+    const char **xvars; /* the -x arguments, in order (owned array) */
     int nxvars;
     char **prog_argv; /* PROGRAM ARGS..., NULL-terminated, points into argv */
 };
@@ -252,6 +253,7 @@ struct job {
     int stop_signal;   /* what STOP_SEND sends */
     int nsignals;      /* stop signals weftrun received */
     int exit_code;     /* -1 until a cause of failure is known */
+    int nfailed;       /* --keep-going: ranks that failed on their own */
     int out_failed[3]; /* indexed by fd 1 and 2: output cannot be written */
     char outbuf[WEFTRUN_OUTBUF_SIZE];
     size_t outlen;

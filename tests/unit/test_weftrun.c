@@ -291,8 +291,7 @@ static void expect_gone_soon(long pid)
             if (p != NULL && p[1] == ' ' && p[2] == 'Z')
                 return;
         }
-        cr_assert_lt(now_secs() - t0, 5.0, "process %ld is still running",
-                     pid);
+        cr_assert_lt(now_secs() - t0, 5.0, "process %ld is still running", pid);
         usleep(20000);
     }
 }
@@ -457,6 +456,54 @@ Test(weftrun, failed_rank_stops_the_others, .timeout = 30)
     cr_assert(stat(hf, &st) != 0 && errno == ENOENT, "%s left behind", hf);
     free(hf);
     free(hf_copy);
+    run_fini(&r);
+}
+
+/* --keep-going: rank 1 exits 3 and rank 3 is killed while ranks 0 and 2
+ * run on, each to its own end (they wait until both failed, then write a
+ * file); weftrun names both failures, exits with the first one's status,
+ * and stops nobody. */
+Test(weftrun, keep_going_names_every_failure_and_stops_nobody, .timeout = 30)
+{
+    struct run r;
+    char *p0, *p2;
+
+    run_init(&r);
+    run_weftrun(&r, (const char *const[]){
+                        "-n", "4", "--keep-going", "sh", "-c",
+                        "case \"$WEFT_RANK\" in "
+                        "1) exit 3 ;; "
+                        "3) while [ ! -e \"$0/one.gone\" ]; do sleep 0.05; "
+                        "   done; kill -KILL $$ ;; "
+                        "0) sleep 0.3; touch \"$0/one.gone\" ;; esac; "
+                        "sleep 1; echo ran-to-end; "
+                        "touch \"$0/done.$WEFT_RANK\"",
+                        r.dir, NULL});
+    expect_exit(&r, 3);
+    expect_in(r.err, "rank 1 (pid ", "stderr");
+    expect_in(r.err, "exited with code 3; the others go on", "stderr");
+    expect_in(r.err, "rank 3 (pid ", "stderr");
+    expect_in(r.err, "signal 9 (SIGKILL); the others go on", "stderr");
+    expect_in(r.err, "2 of 4 ranks failed", "stderr");
+    p0 = path_in(&r, "done.0");
+    p2 = path_in(&r, "done.2");
+    cr_assert_eq(access(p0, F_OK), 0, "rank 0 did not run to its end");
+    cr_assert_eq(access(p2, F_OK), 0, "rank 2 did not run to its end");
+    free(p0);
+    free(p2);
+    run_fini(&r);
+}
+
+/* --keep-going where every rank succeeds: exit 0, nothing said. */
+Test(weftrun, keep_going_all_succeed, .timeout = 30)
+{
+    struct run r;
+
+    run_init(&r);
+    run_weftrun(&r,
+                (const char *const[]){"-n", "3", "--keep-going", "true", NULL});
+    expect_exit(&r, 0);
+    cr_assert_null(strstr(r.err, "failed"), "%s", r.err);
     run_fini(&r);
 }
 
@@ -857,8 +904,8 @@ Test(weftrun, check_says_the_topology, .timeout = 30)
         run_fini(&r);
     }
     {
-        const char *args[] = {"--check", "--topology", "auto", "--hostfile",
-                              mesh3, NULL};
+        const char *args[] = {"--check",    "--topology", "auto",
+                              "--hostfile", mesh3,        NULL};
         run_init(&r);
         run_weftrun(&r, args);
         expect_exit(&r, 0);
@@ -869,8 +916,8 @@ Test(weftrun, check_says_the_topology, .timeout = 30)
         run_fini(&r);
     }
     {
-        const char *args[] = {"--check", "--topology", "ring", "--hostfile",
-                              mesh3, NULL};
+        const char *args[] = {"--check",    "--topology", "ring",
+                              "--hostfile", mesh3,        NULL};
         run_init(&r);
         run_weftrun(&r, args);
         expect_exit(&r, 0);
@@ -878,8 +925,8 @@ Test(weftrun, check_says_the_topology, .timeout = 30)
         run_fini(&r);
     }
     {
-        const char *args[] = {"--check", "--topology", "mesh", "--hostfile",
-                              ring4, NULL};
+        const char *args[] = {"--check",    "--topology", "mesh",
+                              "--hostfile", ring4,        NULL};
         run_init(&r);
         run_weftrun(&r, args);
         expect_exit(&r, 2);
