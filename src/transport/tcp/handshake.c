@@ -62,7 +62,11 @@ static void tune_socket(conn *k)
      * still answers both, so it is not a lost link. */
     if (wt > 0 && uv_fileno((uv_handle_t *)&k->h, &fd) == 0) {
         int one = 1;
-        unsigned ut = (unsigned)wt;
+        /* The kernel counts the user timeout from its first retransmission,
+         * about the minimum RTO (200 ms) after the bytes went unanswered:
+         * asked for wt itself, a stream noticed a dropped link after
+         * wt + 220-260 ms (bench/failover, wt 1000 and 2000). */
+        unsigned ut = (unsigned)(wt > 500 ? wt - 250 : wt / 2 + 1);
 
         uv_tcp_keepalive(&k->h, 1, 1);
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
