@@ -234,18 +234,13 @@ out:
 
 int weft_peer_wires(const weft_comm *c, int peer, weft_wire_info *out)
 {
-    int up = 0;
-
     if (c == NULL || out == NULL)
         return WEFT_EINVAL;
     if (peer < 0 || peer >= c->x.nranks || peer == c->x.rank)
         return WEFT_EINVAL;
     memset(out, 0, sizeof *out);
-    if (c->x.tp == NULL)
-        return WEFT_OK;
-    out->total = c->x.tpo->cable_wires(c->x.tp, peer, &up);
-    out->up = up;
-    out->lost = (unsigned)(out->total - up);
+    if (c->x.tp != NULL)
+        c->x.tpo->cable_wires(c->x.tp, peer, out);
     return WEFT_OK;
 }
 

@@ -204,9 +204,10 @@ typedef struct weft__tp_ops {
     void (*destroy)(weft__tp *tp);
     /* Wires to peer (0 if the peer is not directly connected). */
     int (*nwires)(weft__tp *tp, int peer);
-    /* The wires over cables to peer (0 for one reached through shared
-     * memory or a relay), and in *up those still carrying traffic. */
-    int (*cable_wires)(weft__tp *tp, int peer, int *up);
+    /* The wires over cables to peer (none for one reached through shared
+     * memory or a relay): how many, how many carry traffic, how many were
+     * lost and came back (weft_peer_wires). Any thread. */
+    void (*cable_wires)(weft__tp *tp, int peer, weft_wire_info *out);
     int (*post_send)(weft__tp *tp, int peer, int wire, weft__xfer *x);
     int (*post_recv)(weft__tp *tp, int peer, int wire, weft__xfer *x);
     /* Runs completions until at least one event happened, the deadline

@@ -237,10 +237,10 @@ static void mock_wake(weft__tp *t)
     atomic_store(&((mock *)t)->woken, 1);
 }
 
-static int mock_cable_wires(weft__tp *t, int p, int *up)
+static void mock_cable_wires(weft__tp *t, int p, weft_wire_info *out)
 {
-    *up = mock_nwires(t, p);
-    return *up;
+    memset(out, 0, sizeof *out);
+    out->total = out->up = mock_nwires(t, p);
 }
 
 static const weft__tp_ops mock_ops = {

@@ -177,17 +177,18 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
     return WEFT_OK;
 }
 
-static int ib_cable_wires(weft__tp *t, int p, int *up)
+static void ib_cable_wires(weft__tp *t, int p, weft_wire_info *out)
 {
     ib_tp *tp = (ib_tp *)t;
 
-    *up = 0;
+    memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks)
-        return 0;
+        return;
+    out->total = tp->peers[p].nwires;
     for (int i = 0; i < tp->peers[p].nwires; i++)
-        if (!tp->peers[p].w[i].dead && tp->err == 0)
-            (*up)++;
-    return tp->peers[p].nwires;
+        if (tp->peers[p].w[i].dead)
+            out->lost++;
+    out->up = out->total - (int)out->lost;
 }
 
 static int ib_nwires(weft__tp *t, int p)

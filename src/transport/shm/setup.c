@@ -612,14 +612,14 @@ static int exchange(shm_tp *tp)
 
 /* ---- create, shutdown, destroy ---- */
 
-static int shm_cable_wires(weft__tp *t, int p, int *up)
+static void shm_cable_wires(weft__tp *t, int p, weft_wire_info *out)
 {
     shm_tp *tp = (shm_tp *)t;
 
-    *up = 0;
+    memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks || p == tp->rank || tp->local[p] != NULL)
-        return 0;
-    return weft__tcp_ops.cable_wires(tp->tcp, p, up);
+        return;
+    weft__tcp_ops.cable_wires(tp->tcp, p, out);
 }
 
 static int shm_nwires(weft__tp *t, int p)

@@ -145,7 +145,7 @@ static void rx_drain(conn *k)
         rx_fail(k);
     /* Reading stopped on a full read-ahead: there is room again. */
     if (!k->reading && k->rx_end == 0 && k->rx_hi < RX_CAP && !k->closing &&
-        tp->err == 0) {
+        !k->paused && tp->err == 0) {
         int rc = uv_read_start((uv_stream_t *)&k->h, weft__tcp_data_alloc_cb,
                                weft__tcp_data_read_cb);
         if (rc != 0)
@@ -213,6 +213,7 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (nread > 0) {
         tp->events++;
+        k->rx_pos += (uint64_t)nread;
         if (k->rx_direct) {
             weft__xfer *x = k->rq_head;
             x->got += (size_t)nread;
@@ -245,6 +246,9 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             tp->rank, k->wire, k->peer);
         return;
     }
+    /* A link lost under a wire with others to the peer: resumed. */
+    if (weft__tcp_pause(k, (int)nread))
+        return;
     /* Noted, not yet a failure: the bytes the peer sent before it left
      * are handed over first (rx_drain), and the close counts once a
      * receive wants more or a send is posted to it. */
@@ -287,6 +291,11 @@ static void complete_batch(tcp_tp *tp, wreq *w)
  * would otherwise complete ahead of the frames left behind. */
 static void batch_done(tcp_tp *tp, conn *k, wreq *w, int status)
 {
+    /* A paused wire's batch counts as sent: its bytes are kept and go
+     * again on the connection that resumes the wire (resume.c). */
+    if (status < 0 && !tp->shut && tp->err == 0 &&
+        (k->paused || weft__tcp_pause(k, status)))
+        status = 0;
     if (tp->shut || tp->err != 0 || status < 0) {
         w->next = tp->free_wreqs;
         tp->free_wreqs = w;
@@ -332,7 +341,8 @@ static int for_thread(const tcp_tp *tp, const conn *k, const weft__xfer *x,
 {
     size_t bytes = 0;
 
-    if (!tp->cfg->send_thread || tp->tx_failed || k->uv_batches != 0)
+    if (!tp->cfg->send_thread || tp->tx_failed || k->uv_batches != 0 ||
+        k->resumable)
         return 0;
     if (k->tx_batches != 0)
         return 1;
@@ -369,7 +379,7 @@ static void tcp_flush(tcp_tp *tp)
         tp->dirty = k->dirty_next;
         k->dirty = 0;
         k->dirty_next = NULL;
-        if (x == NULL || k->closing)
+        if (x == NULL || k->closing || k->paused)
             continue;
         if (k->rx_end != 0) {
             tx_closed(k);
@@ -386,6 +396,7 @@ static void tcp_flush(tcp_tp *tp)
         for (weft__xfer *y = x; y != NULL && n < BATCH_MAX; y = y->tp_next)
             bufs[n++] = uv_buf_init(y->buf, (unsigned int)y->len);
         r->n = n;
+        weft__tcp_retain(k, bufs, n);
         /* Unlink the batch; what is left stays queued for the next one. */
         {
             weft__xfer *last = x;
@@ -427,6 +438,10 @@ static void tcp_flush(tcp_tp *tp)
             if (rc == 0)
                 k->uv_batches++;
         }
+        if (rc != 0 && weft__tcp_pause(k, rc)) {
+            complete_batch(tp, r); /* kept: it goes again (resume.c) */
+            continue;
+        }
         if (rc != 0) {
             r->next = tp->free_wreqs;
             tp->free_wreqs = r;
@@ -434,6 +449,20 @@ static void tcp_flush(tcp_tp *tp)
             return;
         }
     }
+}
+
+void weft__tcp_kick(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    if (k->sq_head != NULL)
+        mark_dirty(tp, k);
+    if (k->rq_head != NULL && k->rx_lo < k->rx_hi && !k->rx_dirty) {
+        k->rx_dirty = 1;
+        k->rx_next = tp->rx_dirty;
+        tp->rx_dirty = k;
+    }
+    tp->events++;
 }
 
 static conn *wire_conn(tcp_tp *tp, int p, int w)
@@ -496,7 +525,7 @@ int weft__tcp_post_recv(weft__tp *t, int p, int w, weft__xfer *x)
         k->rx_next = tp->rx_dirty;
         tp->rx_dirty = k;
     }
-    if (!k->reading && k->rx_end == 0) {
+    if (!k->reading && k->rx_end == 0 && !k->paused) {
         rc = uv_read_start((uv_stream_t *)&k->h, weft__tcp_data_alloc_cb,
                            weft__tcp_data_read_cb);
         if (rc != 0) {

@@ -98,9 +98,23 @@ static void retry_later(conn *k, const char *why)
     weft__log(WEFT__LOG_DEBUG, tp->rank,
               "wire %d to peer %d (%s): %s; trying again", k->wire, k->peer,
               k->name, why);
-    s->trying = NULL; /* k: only a connection in set-up is tried again */
+    /* k: only a connection in set-up is tried again */
+    if (k->resume)
+        s->resuming = NULL;
+    else
+        s->trying = NULL;
     s->next_try_ms = weft__now_ms() + RETRY_MS;
     weft__tcp_conn_close(k);
+    housekeep_start(tp);
+}
+
+void weft__tcp_retry_later(conn *k, const char *why)
+{
+    retry_later(k, why);
+}
+
+void weft__tcp_housekeep_start(tcp_tp *tp)
+{
     housekeep_start(tp);
 }
 
@@ -266,6 +280,8 @@ static int send_answer(conn *k)
     weft__put_be32(k->out + 4, (uint32_t)tp->rank);
     settings_pack(tp, k->out + 8);
     verdict_pack(tp, k->out + 16);
+    weft__put_be64(k->out + REPLY_POS_AT,
+                   k->resume ? tp->peers[k->peer].s[k->wire].c->rx_pos : 0);
     b = uv_buf_init((char *)k->out, REPLY_BYTES);
     k->hreq.data = k;
     return weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
@@ -323,6 +339,25 @@ static void hello_done(conn *k)
     }
     if (s == NULL)
         return reject(k, "hello names a link or wire this rank does not have");
+    if (weft__get_be32(k->hbuf + HELLO_FLAGS_AT) & HELLO_RESUME) {
+        /* The peer lost this wire's link: this side pauses it too (if it
+         * had not noticed) and answers with how far it read. */
+        if (s->c == NULL || s->c->successor != NULL ||
+            !weft__tcp_pause(s->c, UV_ETIMEDOUT))
+            return reject(k, "hello resumes a wire this rank cannot resume");
+        pending_remove(tp, k);
+        k->peer = (int)from;
+        k->wire = (int)(s - tp->peers[from].s);
+        k->resume = 1;
+        k->resume_pos = weft__get_be64(k->hbuf + HELLO_FLAGS_AT + 4);
+        k->state = CONN_ACK_WAIT;
+        k->hgot = 0;
+        k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+        tune_socket(k);
+        if (send_answer(k) != 0)
+            weft__tcp_conn_close(k);
+        return;
+    }
     if (s->c != NULL)
         return reject(k, "hello names a wire that is already connected");
     pending_remove(tp, k);
@@ -412,6 +447,11 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         if (weft__get_be32(k->hbuf) != ACK_MAGIC)
             return slot_lost(k, "not a weft acknowledgement");
         k->state = CONN_UP;
+        if (k->resume) {
+            weft__tcp_takeover(tp->peers[k->peer].s[k->wire].c, k,
+                               k->resume_pos);
+            return;
+        }
         conn_up(k);
         if (tp->telling && !tp->peers[k->peer].s[k->wire].relay)
             tell_on(k, &tp->peers[k->peer].s[k->wire]);
@@ -454,6 +494,14 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
             return;
         }
         k->state = CONN_UP;
+        if (k->resume) {
+            slot *rs = &tp->peers[k->peer].s[k->wire];
+
+            rs->resuming = NULL;
+            weft__tcp_takeover(rs->c, k,
+                               weft__get_be64(k->hbuf + REPLY_POS_AT));
+            return;
+        }
         tp->peers[k->peer].s[k->wire].c = k;
         tp->peers[k->peer].s[k->wire].trying = NULL;
         conn_up(k);
@@ -526,6 +574,11 @@ static void connect_cb(uv_connect_t *req, int status)
     tune_socket(k);
     k->telling = tp->telling;
     hello_pack(tp, k->out, k->peer, s);
+    if (k->resume) {
+        /* It names the wire it resumes and says how far this side read. */
+        weft__put_be32(k->out + HELLO_FLAGS_AT, HELLO_RESUME);
+        weft__put_be64(k->out + HELLO_FLAGS_AT + 4, s->c->rx_pos);
+    }
     b = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
     k->state = CONN_REPLY_WAIT;
@@ -536,15 +589,16 @@ static void connect_cb(uv_connect_t *req, int status)
         retry_later(k, "cannot send the hello");
 }
 
-static void start_connect(tcp_tp *tp, int p, int w)
+void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
+                    int resume)
 {
     slot *s = &tp->peers[p].s[w];
     struct sockaddr_in sa;
     conn *k;
 
-    if (uv_ip4_addr(s->addr, s->port, &sa) != 0) {
+    if (uv_ip4_addr(addr, port, &sa) != 0) {
         weft__tcp_fail(tp, WEFT_ECONFIG, "rank %d: bad address %s for peer %d",
-                       tp->rank, s->addr, p);
+                       tp->rank, addr, p);
         return;
     }
     k = conn_new(tp);
@@ -554,13 +608,24 @@ static void start_connect(tcp_tp *tp, int p, int w)
     }
     k->peer = p;
     k->wire = w;
+    k->resume = resume;
     k->state = CONN_CONNECTING;
-    snprintf(k->name, sizeof k->name, "%s:%d", s->addr, s->port);
+    snprintf(k->name, sizeof k->name, "%s:%d", addr, port);
     k->creq.data = k;
-    s->trying = k;
+    if (resume)
+        s->resuming = k;
+    else
+        s->trying = k;
     if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
         0)
         retry_later(k, "cannot start connecting");
+}
+
+static void start_connect(tcp_tp *tp, int p, int w)
+{
+    const slot *s = &tp->peers[p].s[w];
+
+    weft__tcp_dial(tp, p, w, s->addr, s->port, 0);
 }
 
 void weft__tcp_housekeep_cb(uv_timer_t *t)
@@ -604,6 +669,7 @@ void weft__tcp_housekeep_cb(uv_timer_t *t)
                 start_connect(tp, p, w);
         }
     }
+    busy |= weft__tcp_resume_housekeep(tp, now);
     if (!busy && tp->pending == NULL)
         uv_timer_stop(t);
 }

@@ -104,8 +104,13 @@ static void conn_close_cb(uv_handle_t *h)
 {
     conn *k = (conn *)h;
     k->tp->nopen--;
+    /* A wire resumed on a new connection moves over once this one's
+     * cancelled writes have run (resume.c). */
+    if (k->successor != NULL)
+        weft__tcp_resume_finish(k);
     free(k->rxb);
     free(k->rdata);
+    free(k->ret);
     free(k);
 }
 

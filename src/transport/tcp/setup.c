@@ -363,6 +363,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     }
     uv_timer_stop(&tp->timer);
     tp->up = 1;
+    weft__tcp_resume_init(tp);
     *out = (weft__tp *)tp;
     return WEFT_OK;
 
@@ -372,17 +373,17 @@ fail:
 }
 
 /* Any thread: the counts only (the connections are the loop's). */
-static int tcp_cable_wires(weft__tp *t, int p, int *up)
+static void tcp_cable_wires(weft__tp *t, int p, weft_wire_info *out)
 {
     tcp_tp *tp = (tcp_tp *)t;
-    int n;
 
-    *up = 0;
+    memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks)
-        return 0;
-    n = tp->peers[p].nwires;
-    *up = n - atomic_load(&tp->peers[p].lost);
-    return n;
+        return;
+    out->total = tp->peers[p].nwires;
+    out->lost = (unsigned)atomic_load(&tp->peers[p].lost);
+    out->back = (unsigned)atomic_load(&tp->peers[p].back);
+    out->up = out->total - (int)out->lost + (int)out->back;
 }
 
 static int tcp_nwires(weft__tp *t, int p)

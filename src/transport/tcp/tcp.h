@@ -75,8 +75,14 @@
  * bytes, a string). A connection that was up when its sender failed is
  * told with a notice instead (magic, code, why), then closed. */
 #define TELL_WHY 200
-#define HELLO_BYTES (48 + 4 + TELL_WHY)
-#define REPLY_BYTES (16 + 4 + TELL_WHY)
+#define HELLO_BYTES (48 + 4 + TELL_WHY + 12)
+#define REPLY_BYTES (16 + 4 + TELL_WHY + 8)
+/* After the verdict, a hello carries flags (HELLO_RESUME: it resumes the
+ * wire it names, whose connection lost its link) and the dialling side's
+ * read position on that wire; an answer the listening side's. */
+#define HELLO_RESUME 1u
+#define HELLO_FLAGS_AT (48 + 4 + TELL_WHY)
+#define REPLY_POS_AT (16 + 4 + TELL_WHY)
 #define NOTICE_MAGIC 0x4c494657u /* "WFIL" */
 #define NOTICE_BYTES (8 + TELL_WHY)
 /* A rank whose weft_init failed tells every peer it can reach for this
@@ -124,6 +130,24 @@ typedef struct conn {
     int bad_settings;
     int telling; /* it carries this rank's failure: closed once written */
     int lost;    /* counted in its peer's lost */
+    /* Failover (resume.c). A data wire to a peer with other wires is
+     * resumable: the last ret_size bytes handed for writing stay in ret,
+     * and tx_pos and rx_pos count the bytes handed for writing and read
+     * on the wire, whatever connections carried them. One that lost its
+     * link is paused (since pause_ms, by the libuv error pause_err) until
+     * a new connection (resume: it is one, in set-up; resume_pos: the
+     * peer's read position) takes its place, or the wire timeout ends it.
+     * successor: the connection that takes over once this one closed. */
+    int resumable;
+    int paused;
+    int pause_err;
+    uint64_t pause_ms;
+    uint64_t tx_pos, rx_pos;
+    char *ret;
+    size_t ret_size;
+    int resume;
+    uint64_t resume_pos;
+    struct conn *successor;
     char why[160];
     uint8_t hbuf[HELLO_BYTES];
     size_t hgot;
@@ -174,6 +198,7 @@ typedef struct {
     int relay;    /* the relay connection, not a data wire */
     conn *trying; /* outgoing: the connection in set-up, if any */
     conn *c;
+    conn *resuming; /* outgoing: the connection resuming c, in set-up */
 } slot;
 
 typedef struct {
@@ -181,6 +206,7 @@ typedef struct {
     int nslots; /* plus the relay connection, if any */
     slot *s;
     atomic_int lost; /* data wires whose connection ended (weft_peer_wires) */
+    atomic_int back; /* ... and that were resumed on a new connection */
 } peer;
 
 /* One write of a batch of frames; they complete together, in order. */
@@ -323,6 +349,38 @@ void weft__tcp_housekeep_cb(uv_timer_t *t);
 /* k's stream ended (uverr): counted in its peer's lost wires, and said
  * (WEFT_LOG=warn) where a link failed rather than the peer closing. */
 void weft__tcp_wire_lost(conn *k, int uverr);
+
+/* ---- failover (resume.c) ---- */
+
+/* Whether libuv's uverr on a connection says its link is lost (not that
+ * the peer closed or died): a resumable wire is then paused. */
+int weft__tcp_link_lost(int uverr);
+/* Pauses k (uverr: why): its posted transfers wait for a new connection
+ * to take over. Returns 1 if k is paused (or was), 0 if it cannot be
+ * resumed (the caller fails as before). */
+int weft__tcp_pause(conn *k, int uverr);
+/* Keeps the bytes of a batch handed for writing on k, where it is
+ * resumable. */
+void weft__tcp_retain(conn *k, const uv_buf_t *bufs, int n);
+/* nk, a new connection up for old's wire, takes over once old closed:
+ * every posted transfer, the read-ahead and the positions move to it,
+ * and the bytes the peer had not read (from peer_pos) go again first. */
+void weft__tcp_takeover(conn *old, conn *nk, uint64_t peer_pos);
+/* conn_close_cb's part: old closed with a successor waiting. */
+void weft__tcp_resume_finish(conn *old);
+/* Housekeeping: dials resumes, ends pauses past the wire timeout. Returns
+ * 1 while some wire is paused. */
+int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now);
+/* Sets up retention on every resumable data wire once set-up ended. */
+int weft__tcp_resume_init(tcp_tp *tp);
+/* handshake.c: connects to peer p's addr:port for wire w (resume: to
+ * resume it); closes k and tries again later; (re)starts housekeeping. */
+void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
+                    int resume);
+void weft__tcp_retry_later(conn *k, const char *why);
+void weft__tcp_housekeep_start(tcp_tp *tp);
+/* data.c: queues k's sends and read-ahead for progress() to hand out. */
+void weft__tcp_kick(conn *k);
 /* Set-up failed on this rank (tp->err): starts telling the peers, until
  * deadline_ms at the latest. */
 void weft__tcp_tell_start(tcp_tp *tp, uint64_t deadline_ms);

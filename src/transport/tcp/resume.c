@@ -1,0 +1,348 @@
+/*
+ * Failover: a data wire whose link is lost while the peer has other wires
+ * goes on over a new connection, with exactly the bytes it would have
+ * carried.
+ *
+ * A wire is a byte stream each way. On a resumable wire (one of several
+ * to its peer, WEFT_WIRE_TIMEOUT_MS on), each side counts the bytes it
+ * handed for writing (tx_pos) and read (rx_pos), and keeps the last
+ * ret_size bytes it handed for writing (ret). When the connection fails
+ * in a way that says the link is gone (no answer within the wire timeout,
+ * no route), the wire is paused: its posted sends and receives wait, and
+ * sends already handed to the kernel count as sent. The dialling side of
+ * the wire (the higher rank) connects again, to the peer's address on
+ * another link where there is one, with a hello that names the wire,
+ * says it resumes it, and carries its read position; the peer (which
+ * pauses its side now if it had not noticed yet) answers with its own.
+ * The old connection is closed, and once it is (its writes cancelled and
+ * counted as sent), the new one takes its place: posted transfers,
+ * read-ahead and positions move to it, and each side writes again, before
+ * anything else, the bytes from the peer's read position on. Nothing is
+ * lost (the kernel dropped at most what the peer did not read) and
+ * nothing counts twice (the peer resumes reading where it stopped).
+ *
+ * The wire keeps its place in every plan (the engine never learns of
+ * it): its bytes now travel over the surviving link. A wire that is not
+ * resumed within twice the wire timeout fails, WEFT_EPEER, as does the
+ * loss of the last wire to a peer.
+ */
+#include "transport/tcp/tcp.h"
+
+#include "base/bytes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int weft__tcp_link_lost(int uverr)
+{
+    switch (uverr) {
+    case UV_ETIMEDOUT:
+    case UV_EHOSTUNREACH:
+    case UV_ENETUNREACH:
+    case UV_ENETDOWN:
+    case UV_EHOSTDOWN:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Whether some other wire to k's peer is up and not paused. */
+static int others_up(const conn *k)
+{
+    const tcp_tp *tp = k->tp;
+    const peer *pe = &tp->peers[k->peer];
+
+    for (int w = 0; w < pe->nwires; w++) {
+        const conn *c = pe->s[w].c;
+
+        if (w != k->wire && c != NULL && c->state == CONN_UP && !c->paused &&
+            !c->closing && c->rx_end == 0)
+            return 1;
+    }
+    return 0;
+}
+
+int weft__tcp_pause(conn *k, int uverr)
+{
+    tcp_tp *tp = k->tp;
+
+    if (k->paused)
+        return 1;
+    if (!k->resumable || tp->shut || tp->err != 0 || k->closing ||
+        !weft__tcp_link_lost(uverr))
+        return 0;
+    if (!others_up(k)) {
+        /* The last wire to the peer: the peer is lost, whatever waits on
+         * the paused ones. */
+        weft__tcp_wire_lost(k, uverr);
+        tp->lost_peer = k->peer;
+        weft__tcp_fail(tp, WEFT_EPEER,
+                       "rank %d: every wire to peer %d lost its link (the "
+                       "last, wire %d (%s): %s)",
+                       tp->rank, k->peer, k->wire, k->name, uv_strerror(uverr));
+        return 0;
+    }
+    k->paused = 1;
+    k->pause_err = uverr;
+    k->pause_ms = weft__now_ms();
+    weft__tcp_wire_lost(k, uverr);
+    if (k->reading) {
+        uv_read_stop((uv_stream_t *)&k->h);
+        k->reading = 0;
+    }
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "wire %d to peer %d: resuming it on a new connection over "
+              "the links left",
+              k->wire, k->peer);
+    weft__tcp_housekeep_start(tp);
+    return 1;
+}
+
+void weft__tcp_retain(conn *k, const uv_buf_t *bufs, int n)
+{
+    if (!k->resumable)
+        return;
+    if (k->ret == NULL && (k->ret = malloc(k->ret_size)) == NULL) {
+        /* No room to keep the bytes: the wire cannot be resumed. */
+        k->resumable = 0;
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *p = bufs[i].base;
+        size_t len = bufs[i].len;
+
+        /* Only the last ret_size bytes matter. */
+        if (len > k->ret_size) {
+            p += len - k->ret_size;
+            k->tx_pos += len - k->ret_size;
+            len = k->ret_size;
+        }
+        while (len > 0) {
+            size_t at = (size_t)(k->tx_pos & (k->ret_size - 1));
+            size_t m = k->ret_size - at < len ? k->ret_size - at : len;
+
+            memcpy(k->ret + at, p, m);
+            p += m;
+            len -= m;
+            k->tx_pos += m;
+        }
+    }
+}
+
+void weft__tcp_takeover(conn *old, conn *nk, uint64_t peer_pos)
+{
+    tcp_tp *tp = old->tp;
+
+    if (peer_pos > old->tx_pos || old->tx_pos - peer_pos > old->ret_size ||
+        (old->tx_pos - peer_pos > 0 && old->ret == NULL)) {
+        weft__tcp_fail(tp, WEFT_EPEER,
+                       "rank %d: wire %d to peer %d lost its link (%s) and "
+                       "cannot be resumed: the peer read up to byte %llu, "
+                       "this rank kept bytes %llu to %llu",
+                       tp->rank, old->wire, old->peer,
+                       uv_strerror(old->pause_err),
+                       (unsigned long long)peer_pos,
+                       (unsigned long long)(old->tx_pos > old->ret_size
+                                                ? old->tx_pos - old->ret_size
+                                                : 0),
+                       (unsigned long long)old->tx_pos);
+        weft__tcp_conn_close(nk);
+        return;
+    }
+    nk->resume_pos = peer_pos;
+    old->successor = nk;
+    /* Its writes are cancelled (counted as sent: their bytes are kept),
+     * then conn_close_cb hands over (weft__tcp_resume_finish). */
+    weft__tcp_conn_close(old);
+}
+
+static void resend_cb(uv_write_t *req, int status)
+{
+    conn *k = req->handle->data;
+
+    weft__tcp_write_done(k->tp);
+    free(req->data);
+    free(req);
+    /* A failure shows on the new connection's reads and writes. */
+    (void)status;
+}
+
+/* Removes k from tp's list at *head (linked by next_of). */
+#define UNLINK(head, k, field)                                                 \
+    do {                                                                       \
+        for (conn **pp_ = (head); *pp_ != NULL; pp_ = &(*pp_)->field)          \
+            if (*pp_ == (k)) {                                                 \
+                *pp_ = (k)->field;                                             \
+                break;                                                         \
+            }                                                                  \
+    } while (0)
+
+/* Writes on nk the bytes old's peer had not read, before anything else. */
+static int resend(conn *nk, uint64_t from)
+{
+    tcp_tp *tp = nk->tp;
+    size_t n = (size_t)(nk->tx_pos - from), at;
+    uv_write_t *req;
+    uv_buf_t b;
+    char *buf;
+
+    if (n == 0)
+        return 0;
+    req = malloc(sizeof *req);
+    buf = malloc(n);
+    if (req == NULL || buf == NULL) {
+        free(req);
+        free(buf);
+        return UV_ENOMEM;
+    }
+    at = (size_t)(from & (nk->ret_size - 1));
+    if (at + n <= nk->ret_size) {
+        memcpy(buf, nk->ret + at, n);
+    } else {
+        memcpy(buf, nk->ret + at, nk->ret_size - at);
+        memcpy(buf + (nk->ret_size - at), nk->ret, n - (nk->ret_size - at));
+    }
+    req->data = buf;
+    b = uv_buf_init(buf, (unsigned int)n);
+    return weft__tcp_write(tp, req, (uv_stream_t *)&nk->h, &b, 1, resend_cb);
+}
+
+void weft__tcp_resume_finish(conn *old)
+{
+    conn *nk = old->successor;
+    tcp_tp *tp = old->tp;
+    slot *s = &tp->peers[old->peer].s[old->wire];
+    uint64_t ms = weft__now_ms() - old->pause_ms;
+    int rc;
+
+    old->successor = NULL;
+    if (tp->shut || tp->err != 0 || nk->closing)
+        return;
+    /* Everything the wire holds moves to the new connection. */
+    nk->rq_head = old->rq_head;
+    nk->rq_tail = old->rq_tail;
+    nk->sq_head = old->sq_head;
+    nk->sq_tail = old->sq_tail;
+    old->rq_head = old->rq_tail = old->sq_head = old->sq_tail = NULL;
+    free(nk->rxb);
+    nk->rxb = old->rxb;
+    nk->rx_lo = old->rx_lo;
+    nk->rx_hi = old->rx_hi;
+    old->rxb = NULL;
+    nk->rx_pos = old->rx_pos;
+    nk->tx_pos = old->tx_pos;
+    nk->ret = old->ret;
+    nk->ret_size = old->ret_size;
+    old->ret = NULL;
+    nk->resumable = 1;
+    nk->state = CONN_UP;
+    if (old->dirty)
+        UNLINK(&tp->dirty, old, dirty_next);
+    if (old->rx_dirty)
+        UNLINK(&tp->rx_dirty, old, rx_next);
+    old->dirty = old->rx_dirty = 0;
+    s->c = nk;
+    atomic_fetch_add(&tp->peers[nk->peer].back, 1);
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "wire %d to peer %d resumed on a new connection (%s) after %llu "
+              "ms; %llu bytes sent again",
+              nk->wire, nk->peer, nk->name, (unsigned long long)ms,
+              (unsigned long long)(nk->tx_pos - nk->resume_pos));
+    rc = resend(nk, nk->resume_pos);
+    if (rc == 0) {
+        rc = uv_read_start((uv_stream_t *)&nk->h, weft__tcp_data_alloc_cb,
+                           weft__tcp_data_read_cb);
+        nk->reading = rc == 0;
+    }
+    if (rc != 0) {
+        weft__tcp_fail(tp, weft__tcp_err_code(rc),
+                       "rank %d: resuming wire %d to peer %d: %s", tp->rank,
+                       nk->wire, nk->peer, uv_strerror(rc));
+        return;
+    }
+    weft__tcp_kick(nk);
+}
+
+/* Dials peer p again for wire w, whose connection is paused: to the
+ * peer's address on another link where one has a wire up, else on w's. */
+static void start_resume(tcp_tp *tp, int p, int w)
+{
+    slot *s = &tp->peers[p].s[w];
+    const slot *via = s;
+
+    for (int u = 0; u < tp->peers[p].nwires; u++) {
+        const slot *o = &tp->peers[p].s[u];
+
+        if (o->outgoing && o->link != s->link && o->c != NULL &&
+            o->c->state == CONN_UP && !o->c->paused) {
+            via = o;
+            break;
+        }
+    }
+    weft__tcp_dial(tp, p, w, via->addr, via->port, 1);
+}
+
+int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
+{
+    const uint64_t limit = 2 * (uint64_t)tp->cfg->wire_timeout_ms + 1000;
+    int busy = 0;
+
+    for (int p = 0; p < tp->nranks && tp->err == 0; p++)
+        for (int w = 0; w < tp->peers[p].nwires; w++) {
+            slot *s = &tp->peers[p].s[w];
+            conn *k = s->c;
+
+            if (k == NULL || !k->paused || k->successor != NULL)
+                continue;
+            busy = 1;
+            if (now - k->pause_ms > limit) {
+                tp->lost_peer = p;
+                weft__tcp_fail(tp, WEFT_EPEER,
+                               "rank %d: wire %d to peer %d (%s) lost its "
+                               "link (%s) and was not resumed within %llu "
+                               "ms",
+                               tp->rank, w, p, k->name,
+                               uv_strerror(k->pause_err),
+                               (unsigned long long)limit);
+                return busy;
+            }
+            if (s->resuming != NULL && s->resuming->state == CONN_REPLY_WAIT &&
+                now >= s->resuming->deadline_ms)
+                weft__tcp_retry_later(s->resuming, "no answer to its hello");
+            if (s->outgoing && s->resuming == NULL && now >= s->next_try_ms)
+                start_resume(tp, p, w);
+        }
+    return busy;
+}
+
+int weft__tcp_resume_init(tcp_tp *tp)
+{
+    size_t ret =
+        4 * (tp->cfg->sockbuf_bytes > 0 ? (size_t)tp->cfg->sockbuf_bytes
+                                        : (size_t)4 << 20);
+
+    /* At least four frames, a power of two: the bytes a peer may not have
+     * read are at most what the kernel holds (the send buffer, which the
+     * kernel sizes at twice what was asked) and what waits for it. */
+    if (ret < 4 * tp->cfg->frame_bytes)
+        ret = 4 * tp->cfg->frame_bytes;
+    while ((ret & (ret - 1)) != 0)
+        ret &= ret - 1;
+    if (tp->cfg->wire_timeout_ms <= 0)
+        return 0;
+    for (int p = 0; p < tp->nranks; p++)
+        for (int w = 0; tp->peers[p].nwires >= 2 && w < tp->peers[p].nwires;
+             w++) {
+            conn *k = tp->peers[p].s[w].c;
+
+            /* Loopback (ranks of one host) has no link to lose. */
+            if (k != NULL && !tp->peers[p].s[w].relay &&
+                tp->peers[p].s[w].link != WEFT__LINK_LOOPBACK) {
+                k->resumable = 1;
+                k->ret_size = ret;
+            }
+        }
+    return 0;
+}
