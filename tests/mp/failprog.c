@@ -7,7 +7,8 @@
  * "loop S": all_reduces of 64 Ki floats, checked, for S seconds, for the
  * multi-host fault tests: prints "ready" once connected, and on a failure
  * "FAILED <code> <ms>" (ms since the last operation that succeeded) and
- * the message, then exits 3.
+ * the message, then exits 3; at the end "done <calls> <ms>", ms the
+ * longest time between two calls' ends (bench/failover's stall).
  *
  * "pairs": send/recv between every ordered pair of ranks (1 B, 1000 B,
  * 1 MiB + 3 B), checked, a barrier after each; across hosts without a
@@ -22,10 +23,10 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void *abort_later(void *arg)
@@ -48,8 +49,7 @@ static int abort_mode(weft_comm *c, int victim)
         pthread_create(&t, NULL, abort_later, c);
         rc = weft_all_reduce(c, &v, &v, 1, WEFT_FLOAT32, WEFT_SUM);
         pthread_join(t, NULL);
-        if (rc != WEFT_EABORTED ||
-            weft_barrier(c) != WEFT_EABORTED) {
+        if (rc != WEFT_EABORTED || weft_barrier(c) != WEFT_EABORTED) {
             fprintf(stderr, "expected WEFT_EABORTED, got %s: %s\n",
                     weft_err_name(rc), weft_last_error(c));
             weft_finalize(c);
@@ -77,7 +77,7 @@ static int loop_mode(weft_comm *c, int seconds)
 {
     enum { N = 65536 };
     static float v[N];
-    double start = now_ms(), last = start;
+    double start = now_ms(), last = start, gap = 0;
     int n = weft_size(c), iter = 0;
 
     printf("ready\n");
@@ -111,10 +111,12 @@ static int loop_mode(weft_comm *c, int seconds)
                 return 4;
             }
         }
+        if (iter > 0 && now_ms() - last > gap)
+            gap = now_ms() - last;
         last = now_ms();
         iter++;
     }
-    printf("done %d\n", iter);
+    printf("done %d %.0f\n", iter, gap);
     weft_finalize(c);
     return 0;
 }
@@ -135,7 +137,8 @@ static int pairs_mode(weft_comm *c)
                     continue;
                 if (me == i) {
                     for (size_t k = 0; k < sizes[z]; k++)
-                        buf[k] = (unsigned char)(k * 7 + (size_t)i * 31 + (size_t)j);
+                        buf[k] =
+                            (unsigned char)(k * 7 + (size_t)i * 31 + (size_t)j);
                     rc = weft_send(c, buf, sizes[z], WEFT_UINT8, j);
                 } else if (me == j) {
                     memset(buf, 0, sizes[z]);
