@@ -342,8 +342,11 @@ static void hello_done(conn *k)
     if (weft__get_be32(k->hbuf + HELLO_FLAGS_AT) & HELLO_RESUME) {
         /* The peer lost this wire's link: this side pauses it too (if it
          * had not noticed) and answers with how far it read. */
+        int move = (weft__get_be32(k->hbuf + HELLO_FLAGS_AT) & HELLO_MOVE) != 0;
+
         if (s->c == NULL || s->c->successor != NULL ||
-            !weft__tcp_pause(s->c, UV_ETIMEDOUT))
+            !(move && !s->c->paused ? weft__tcp_pause_to_move(s->c)
+                                    : weft__tcp_pause(s->c, UV_ETIMEDOUT)))
             return reject(k, "hello resumes a wire this rank cannot resume");
         pending_remove(tp, k);
         k->peer = (int)from;
@@ -566,6 +569,16 @@ static void connect_cb(uv_connect_t *req, int status)
 
     if (k->closing || tp->shut)
         return;
+    if (status < 0 && k->resume && status == UV_ECONNREFUSED) {
+        /* The peer listens for as long as its communicator lives: it is
+         * gone. */
+        tp->lost_peer = k->peer;
+        weft__tcp_fail(tp, WEFT_EPEER,
+                       "rank %d: wire %d to peer %d lost its link, and "
+                       "resuming it was refused (%s): the peer is gone",
+                       tp->rank, k->wire, k->peer, k->name);
+        return;
+    }
     if (status < 0) {
         /* The peer may not listen yet: try again until the deadline. */
         retry_later(k, uv_strerror(status));
@@ -573,16 +586,28 @@ static void connect_cb(uv_connect_t *req, int status)
     }
     tune_socket(k);
     k->telling = tp->telling;
+    if (k->resume == 2 && (s->c == NULL || !weft__tcp_pause_to_move(s->c))) {
+        /* The wire is busy resuming, or gone: no move now. */
+        retry_later(k, "its wire cannot move now");
+        return;
+    }
     hello_pack(tp, k->out, k->peer, s);
     if (k->resume) {
         /* It names the wire it resumes and says how far this side read. */
-        weft__put_be32(k->out + HELLO_FLAGS_AT, HELLO_RESUME);
+        weft__put_be32(k->out + HELLO_FLAGS_AT,
+                       HELLO_RESUME | (k->resume == 2 ? HELLO_MOVE : 0));
         weft__put_be64(k->out + HELLO_FLAGS_AT + 4, s->c->rx_pos);
     }
     b = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
     k->state = CONN_REPLY_WAIT;
-    k->deadline_ms = weft__now_ms() + HANDSHAKE_MS;
+    /* A wire waits while it is resumed: not longer than the wire timeout
+     * for an answer (then over another link). */
+    k->deadline_ms =
+        weft__now_ms() + (k->resume && tp->cfg->wire_timeout_ms > 0 &&
+                                  tp->cfg->wire_timeout_ms < HANDSHAKE_MS
+                              ? (uint64_t)tp->cfg->wire_timeout_ms
+                              : HANDSHAKE_MS);
     if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
                         hello_write_cb) != 0 ||
         uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
@@ -610,6 +635,9 @@ void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
     k->wire = w;
     k->resume = resume;
     k->state = CONN_CONNECTING;
+    /* A resume or a move gives a link that does not answer a second
+     * (resume.c), then tries again. */
+    k->deadline_ms = weft__now_ms() + 1000;
     snprintf(k->name, sizeof k->name, "%s:%d", addr, port);
     k->creq.data = k;
     if (resume)

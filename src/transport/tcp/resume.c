@@ -22,9 +22,12 @@
  * nothing counts twice (the peer resumes reading where it stopped).
  *
  * The wire keeps its place in every plan (the engine never learns of
- * it): its bytes now travel over the surviving link. A wire that is not
- * resumed within twice the wire timeout fails, WEFT_EPEER, as does the
- * loss of the last wire to a peer.
+ * it): its bytes now travel over the surviving link. Once a second the
+ * dialling side tries the wire's own link again, and where it answers the
+ * wire moves back the same way (a move: nothing was lost). A wire that is
+ * not resumed in time (twice the wire timeout, or the timeout and 2 s,
+ * the longer, and a second) fails, WEFT_EPEER, as does the loss of the
+ * last wire to a peer, and a resume the peer refuses (it is gone).
  */
 #include "transport/tcp/tcp.h"
 
@@ -37,6 +40,13 @@
 int weft__tcp_link_lost(int uverr)
 {
     switch (uverr) {
+    /* A reset too: once one end gave a silent connection up, the other
+     * gets a reset as the link comes back. A peer that died resets its
+     * connections as well; the resume then finds nobody listening, and the
+     * wire fails at once (connect_cb). */
+    case UV_ECONNRESET:
+    case UV_ECONNABORTED:
+    case UV_EPIPE:
     case UV_ETIMEDOUT:
     case UV_EHOSTUNREACH:
     case UV_ENETUNREACH:
@@ -96,6 +106,25 @@ int weft__tcp_pause(conn *k, int uverr)
               "wire %d to peer %d: resuming it on a new connection over "
               "the links left",
               k->wire, k->peer);
+    weft__tcp_housekeep_start(tp);
+    return 1;
+}
+
+int weft__tcp_pause_to_move(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    if (k->paused || !k->resumable || tp->shut || tp->err != 0 || k->closing ||
+        k->state != CONN_UP)
+        return 0;
+    k->paused = 1;
+    k->moving = 1;
+    k->pause_err = 0;
+    k->pause_ms = weft__now_ms();
+    if (k->reading) {
+        uv_read_stop((uv_stream_t *)&k->h);
+        k->reading = 0;
+    }
     weft__tcp_housekeep_start(tp);
     return 1;
 }
@@ -244,11 +273,14 @@ void weft__tcp_resume_finish(conn *old)
         UNLINK(&tp->rx_dirty, old, rx_next);
     old->dirty = old->rx_dirty = 0;
     s->c = nk;
-    atomic_fetch_add(&tp->peers[nk->peer].back, 1);
+    if (!old->moving)
+        atomic_fetch_add(&tp->peers[nk->peer].back, 1);
     weft__log(WEFT__LOG_WARN, tp->rank,
-              "wire %d to peer %d resumed on a new connection (%s) after %llu "
+              "wire %d to peer %d %s on a new connection (%s) after %llu "
               "ms; %llu bytes sent again",
-              nk->wire, nk->peer, nk->name, (unsigned long long)ms,
+              nk->wire, nk->peer,
+              old->moving ? "moved back to its own link" : "resumed", nk->name,
+              (unsigned long long)ms,
               (unsigned long long)(nk->tx_pos - nk->resume_pos));
     rc = resend(nk, nk->resume_pos);
     if (rc == 0) {
@@ -282,11 +314,17 @@ static void start_resume(tcp_tp *tp, int p, int w)
         }
     }
     weft__tcp_dial(tp, p, w, via->addr, via->port, 1);
+    if (s->resuming != NULL)
+        s->resuming->via_link = (int)via->link;
 }
 
 int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
 {
-    const uint64_t limit = 2 * (uint64_t)tp->cfg->wire_timeout_ms + 1000;
+    /* The side that has nothing to send notices the loss by keepalive
+     * probes, which go once a second: about 2 s, whatever the wire
+     * timeout below that. */
+    const uint64_t wt = (uint64_t)tp->cfg->wire_timeout_ms;
+    const uint64_t limit = (2 * wt > wt + 2000 ? 2 * wt : wt + 2000) + 1000;
     int busy = 0;
 
     for (int p = 0; p < tp->nranks && tp->err == 0; p++)
@@ -294,6 +332,25 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
             slot *s = &tp->peers[p].s[w];
             conn *k = s->c;
 
+            if (k != NULL && !k->paused && k->successor == NULL &&
+                s->outgoing && k->resumable && k->via_link >= 0 &&
+                k->via_link != (int)s->link) {
+                /* Resumed over another link: try its own again, once a
+                 * second; the wire moves back if it answers. */
+                busy = 1;
+                if (s->resuming != NULL &&
+                    s->resuming->state == CONN_CONNECTING &&
+                    now >= s->resuming->deadline_ms)
+                    weft__tcp_retry_later(s->resuming,
+                                          "its link is still down");
+                if (s->resuming == NULL && now >= s->next_move_ms) {
+                    s->next_move_ms = now + 1000;
+                    weft__tcp_dial(tp, p, w, s->addr, s->port, 2);
+                    if (s->resuming != NULL)
+                        s->resuming->via_link = (int)s->link;
+                }
+                continue;
+            }
             if (k == NULL || !k->paused || k->successor != NULL)
                 continue;
             busy = 1;
@@ -308,9 +365,11 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
                                (unsigned long long)limit);
                 return busy;
             }
-            if (s->resuming != NULL && s->resuming->state == CONN_REPLY_WAIT &&
+            if (s->resuming != NULL &&
+                (s->resuming->state == CONN_REPLY_WAIT ||
+                 s->resuming->state == CONN_CONNECTING) &&
                 now >= s->resuming->deadline_ms)
-                weft__tcp_retry_later(s->resuming, "no answer to its hello");
+                weft__tcp_retry_later(s->resuming, "no answer");
             if (s->outgoing && s->resuming == NULL && now >= s->next_try_ms)
                 start_resume(tp, p, w);
         }
@@ -342,6 +401,7 @@ int weft__tcp_resume_init(tcp_tp *tp)
                 tp->peers[p].s[w].link != WEFT__LINK_LOOPBACK) {
                 k->resumable = 1;
                 k->ret_size = ret;
+                k->via_link = (int)tp->peers[p].s[w].link;
             }
         }
     return 0;

@@ -81,6 +81,7 @@
  * wire it names, whose connection lost its link) and the dialling side's
  * read position on that wire; an answer the listening side's. */
 #define HELLO_RESUME 1u
+#define HELLO_MOVE 2u /* ... to move it back to its own link */
 #define HELLO_FLAGS_AT (48 + 4 + TELL_WHY)
 #define REPLY_POS_AT (16 + 4 + TELL_WHY)
 #define NOTICE_MAGIC 0x4c494657u /* "WFIL" */
@@ -145,7 +146,9 @@ typedef struct conn {
     uint64_t tx_pos, rx_pos;
     char *ret;
     size_t ret_size;
-    int resume;
+    int resume;   /* 1: resumes a lost wire; 2: moves one back to its link */
+    int moving;   /* paused to move back to its link, not lost */
+    int via_link; /* the link it runs over (-1: not known here) */
     uint64_t resume_pos;
     struct conn *successor;
     char why[160];
@@ -198,7 +201,8 @@ typedef struct {
     int relay;    /* the relay connection, not a data wire */
     conn *trying; /* outgoing: the connection in set-up, if any */
     conn *c;
-    conn *resuming; /* outgoing: the connection resuming c, in set-up */
+    conn *resuming;        /* outgoing: the connection resuming c, in set-up */
+    uint64_t next_move_ms; /* outgoing: when to try its own link again */
 } slot;
 
 typedef struct {
@@ -359,6 +363,9 @@ int weft__tcp_link_lost(int uverr);
  * to take over. Returns 1 if k is paused (or was), 0 if it cannot be
  * resumed (the caller fails as before). */
 int weft__tcp_pause(conn *k, int uverr);
+/* Pauses k, up and well, to move its wire to a new connection (its own
+ * link is back): as weft__tcp_pause, but nothing was lost. */
+int weft__tcp_pause_to_move(conn *k);
 /* Keeps the bytes of a batch handed for writing on k, where it is
  * resumable. */
 void weft__tcp_retain(conn *k, const uv_buf_t *bufs, int n);
