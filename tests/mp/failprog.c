@@ -12,7 +12,8 @@
  *
  * "pairs": send/recv between every ordered pair of ranks (1 B, 1000 B,
  * 1 MiB + 3 B), checked, a barrier after each; across hosts without a
- * cable between them the messages are relayed.
+ * cable between them the messages are relayed. "pairs S": the same over
+ * and over for S seconds (rank 0's clock), printing "ready" first.
  *
  * "abort" exercises weft_abort() from a second thread (CI runs it under
  * ThreadSanitizer): the other ranks stay away from rank 0's all_reduce
@@ -121,14 +122,20 @@ static int loop_mode(weft_comm *c, int seconds)
     return 0;
 }
 
-static int pairs_mode(weft_comm *c)
+static int pairs_mode(weft_comm *c, int seconds)
 {
     static const size_t sizes[] = {1, 1000, (1u << 20) + 3};
-    int me = weft_rank(c), n = weft_size(c), bad = 0;
+    int me = weft_rank(c), n = weft_size(c), bad = 0, go = 1, rounds = 0;
     unsigned char *buf = malloc(sizes[2]);
+    double start = now_ms();
 
     if (buf == NULL)
         return 2;
+    if (seconds > 0) {
+        printf("ready\n");
+        fflush(stdout);
+    }
+again:
     for (size_t z = 0; z < 3 && !bad; z++)
         for (int i = 0; i < n && !bad; i++)
             for (int j = 0; j < n && !bad; j++) {
@@ -160,8 +167,19 @@ static int pairs_mode(weft_comm *c)
                     bad = 1;
                 }
             }
+    rounds++;
+    if (!bad && seconds > 0) {
+        go = now_ms() - start < seconds * 1000.0;
+        if (weft_broadcast(c, &go, 1, WEFT_INT32, 0) != WEFT_OK) {
+            printf("FAILED broadcast: %s\n", weft_last_error(c));
+            bad = 1;
+        } else if (go)
+            goto again;
+    }
     free(buf);
-    if (!bad)
+    if (!bad && seconds > 0)
+        printf("done pairs %d\n", rounds);
+    else if (!bad)
         printf("done pairs\n");
     weft_finalize(c);
     return bad ? 3 : 0;
@@ -183,7 +201,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "abort") == 0)
         return abort_mode(c, victim);
     if (strcmp(mode, "pairs") == 0)
-        return pairs_mode(c);
+        return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
     if (strcmp(mode, "loop") == 0)
         return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10);
     for (int i = 0; i < 10; i++) {

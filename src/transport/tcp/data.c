@@ -214,6 +214,7 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread > 0) {
         tp->events++;
         k->rx_pos += (uint64_t)nread;
+        k->rx_ms = uv_now(&tp->loop);
         if (k->rx_direct) {
             weft__xfer *x = k->rq_head;
             x->got += (size_t)nread;

@@ -47,6 +47,11 @@ static void relay_write_cb(uv_write_t *req, int status)
     free(w);
     if (tp->shut)
         return;
+    /* The relay connection lost its link: the chunk's bytes are kept and
+     * go again on the connection that resumes it (resume.c). */
+    if (status < 0 && tp->err == 0 &&
+        (k->paused || k->successor != NULL || weft__tcp_pause(k, status)))
+        status = 0;
     if (status < 0) {
         int code = weft__tcp_err_code(status);
 
@@ -87,6 +92,28 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
     uv_buf_t b[2];
     int rc;
 
+    if (k != NULL && (k->paused || k->successor != NULL)) {
+        /* Being resumed: kept, and written by the resume (resume.c), so
+         * it counts as sent now. */
+        uint8_t hdr[RELAY_HDR];
+
+        weft__put_be32(hdr, RELAY_MAGIC);
+        weft__put_be32(hdr + 4, src);
+        weft__put_be32(hdr + 8, dst);
+        weft__put_be32(hdr + 12, len);
+        weft__put_be64(hdr + 16, total);
+        b[0] = uv_buf_init((char *)hdr, RELAY_HDR);
+        b[1] = uv_buf_init((char *)data, len);
+        weft__tcp_retain(k, b, 2);
+        free(owned);
+        if (!k->resumable)
+            return WEFT_EPEER; /* nothing kept: it cannot go again */
+        /* Its send completes inside progress (weft__tcp_relay_forward),
+         * never inside a post. */
+        if (x != NULL && --x->got == 0)
+            weft__xq_push(&tp->rdone_head, &tp->rdone_tail, x);
+        return WEFT_OK;
+    }
     if (k == NULL || k->closing || k->rx_end != 0) {
         free(owned);
         return WEFT_EPEER;
@@ -105,6 +132,7 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
     w->x = x;
     b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
     b[1] = uv_buf_init((char *)data, len);
+    weft__tcp_retain(k, b, 2);
     rc = weft__tcp_write(tp, &w->req, (uv_stream_t *)&k->h, b, 2,
                          relay_write_cb);
     if (rc != 0) {
@@ -152,6 +180,17 @@ static int relay_deliver(tcp_tp *tp, rchunk *c)
 /* Writes the chunks passing through (relay_chunk), in order. */
 void weft__tcp_relay_forward(tcp_tp *tp)
 {
+    /* Sends written while the relay connection was being resumed. */
+    while (tp->rdone_head != NULL && tp->err == 0) {
+        weft__xfer *x = tp->rdone_head;
+
+        tp->rdone_head = x->tp_next;
+        if (tp->rdone_head == NULL)
+            tp->rdone_tail = NULL;
+        x->tp_next = NULL;
+        tp->events++;
+        x->done(x);
+    }
     while (tp->fwd_head != NULL) {
         rchunk *c = tp->fwd_head;
         int rc;
@@ -246,6 +285,9 @@ void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
         return;
     if (nread < 0) {
         uv_read_stop(st);
+        k->reading = 0;
+        if (weft__tcp_pause(k, (int)nread))
+            return; /* resumed on a new connection (resume.c) */
         k->rx_end = (int)nread;
         if (tp->rrecv != NULL)
             weft__tcp_fail(tp, WEFT_EPEER,
@@ -255,6 +297,8 @@ void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
         return;
     }
     tp->events++;
+    k->rx_pos += (uint64_t)nread;
+    k->rx_ms = uv_now(&tp->loop);
     if (k->rhgot < RELAY_HDR) {
         uint32_t len;
         k->rhgot += (size_t)nread;

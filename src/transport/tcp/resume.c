@@ -26,7 +26,7 @@
  * dialling side tries the wire's own link again, and where it answers the
  * wire moves back the same way (a move: nothing was lost). A wire that is
  * not resumed in time (twice the wire timeout, or the timeout and 2 s,
- * the longer, and a second) fails, WEFT_EPEER, as does the loss of the
+ * the longer, and 2 s) fails, WEFT_EPEER, as does the loss of the
  * last wire to a peer, and a resume the peer refuses (it is gone).
  */
 #include "transport/tcp/tcp.h"
@@ -266,7 +266,17 @@ void weft__tcp_resume_finish(conn *old)
     nk->ret_size = old->ret_size;
     old->ret = NULL;
     nk->resumable = 1;
+    if (s->relay)
+        nk->via_link = -1; /* a relay connection stays where it is */
     nk->state = CONN_UP;
+    /* A relay connection's chunk in the middle of its reading. */
+    memcpy(nk->rhdr, old->rhdr, sizeof nk->rhdr);
+    nk->rhgot = old->rhgot;
+    free(nk->rdata);
+    nk->rdata = old->rdata;
+    nk->rdlen = old->rdlen;
+    nk->rdgot = old->rdgot;
+    old->rdata = NULL;
     if (old->dirty)
         UNLINK(&tp->dirty, old, dirty_next);
     if (old->rx_dirty)
@@ -283,11 +293,13 @@ void weft__tcp_resume_finish(conn *old)
               (unsigned long long)ms,
               (unsigned long long)(nk->tx_pos - nk->resume_pos));
     rc = resend(nk, nk->resume_pos);
-    if (rc == 0) {
+    if (rc == 0 && s->relay)
+        rc = uv_read_start((uv_stream_t *)&nk->h, weft__tcp_relay_alloc_cb,
+                           weft__tcp_relay_read_cb);
+    else if (rc == 0)
         rc = uv_read_start((uv_stream_t *)&nk->h, weft__tcp_data_alloc_cb,
                            weft__tcp_data_read_cb);
-        nk->reading = rc == 0;
-    }
+    nk->reading = rc == 0 && !s->relay;
     if (rc != 0) {
         weft__tcp_fail(tp, weft__tcp_err_code(rc),
                        "rank %d: resuming wire %d to peer %d: %s", tp->rank,
@@ -298,19 +310,26 @@ void weft__tcp_resume_finish(conn *old)
 }
 
 /* Dials peer p again for wire w, whose connection is paused: to the
- * peer's address on another link where one has a wire up, else on w's. */
+ * peer's address on another link where one has a wire up (the one heard
+ * from last: a link that died too may not have been noticed yet), else
+ * on w's. */
 static void start_resume(tcp_tp *tp, int p, int w)
 {
     slot *s = &tp->peers[p].s[w];
     const slot *via = s;
+    uint64_t heard = 0;
 
     for (int u = 0; u < tp->peers[p].nwires; u++) {
         const slot *o = &tp->peers[p].s[u];
 
-        if (o->outgoing && o->link != s->link && o->c != NULL &&
-            o->c->state == CONN_UP && !o->c->paused) {
+        /* A wire that runs on its own link (not one resumed elsewhere,
+         * whose link may be the dead one) shows that link alive. */
+        if (o->outgoing && o->link != s->link && u != w && o->c != NULL &&
+            o->c->state == CONN_UP && !o->c->paused &&
+            o->c->via_link == (int)o->link &&
+            (via == s || o->c->rx_ms > heard)) {
             via = o;
-            break;
+            heard = o->c->rx_ms;
         }
     }
     weft__tcp_dial(tp, p, w, via->addr, via->port, 1);
@@ -324,11 +343,11 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
      * probes, which go once a second: about 2 s, whatever the wire
      * timeout below that. */
     const uint64_t wt = (uint64_t)tp->cfg->wire_timeout_ms;
-    const uint64_t limit = (2 * wt > wt + 2000 ? 2 * wt : wt + 2000) + 1000;
+    const uint64_t limit = (2 * wt > wt + 2000 ? 2 * wt : wt + 2000) + 2000;
     int busy = 0;
 
     for (int p = 0; p < tp->nranks && tp->err == 0; p++)
-        for (int w = 0; w < tp->peers[p].nwires; w++) {
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
             slot *s = &tp->peers[p].s[w];
             conn *k = s->c;
 
@@ -392,17 +411,20 @@ int weft__tcp_resume_init(tcp_tp *tp)
     if (tp->cfg->wire_timeout_ms <= 0)
         return 0;
     for (int p = 0; p < tp->nranks; p++)
-        for (int w = 0; tp->peers[p].nwires >= 2 && w < tp->peers[p].nwires;
-             w++) {
-            conn *k = tp->peers[p].s[w].c;
+        for (int w = 0; w < tp->peers[p].nslots; w++) {
+            const slot *s = &tp->peers[p].s[w];
+            conn *k = s->c;
 
-            /* Loopback (ranks of one host) has no link to lose. */
-            if (k != NULL && !tp->peers[p].s[w].relay &&
-                tp->peers[p].s[w].link != WEFT__LINK_LOOPBACK) {
-                k->resumable = 1;
-                k->ret_size = ret;
-                k->via_link = (int)tp->peers[p].s[w].link;
-            }
+            /* Loopback (ranks of one host) has no link to lose; a data
+             * wire needs another to the peer, a relay connection a data
+             * wire (others_up says whether one is up when it counts). */
+            if (k == NULL || s->link == WEFT__LINK_LOOPBACK ||
+                (!s->relay && tp->peers[p].nwires < 2) ||
+                (s->relay && tp->peers[p].nwires < 1))
+                continue;
+            k->resumable = 1;
+            k->ret_size = ret;
+            k->via_link = s->relay ? -1 : (int)s->link;
         }
     return 0;
 }

@@ -144,6 +144,7 @@ typedef struct conn {
     int pause_err;
     uint64_t pause_ms;
     uint64_t tx_pos, rx_pos;
+    uint64_t rx_ms; /* when it last read anything (resume.c picks a path) */
     char *ret;
     size_t ret_size;
     int resume;   /* 1: resumes a lost wire; 2: moves one back to its link */
@@ -293,6 +294,9 @@ struct tcp_tp {
      * from inside it would escape the SIGPIPE guard), oldest first. */
     struct rchunk *fwd_head, *fwd_tail;
     weft__xfer *rrecv;
+    /* Relayed sends complete while their connection was being resumed,
+     * whose completions run in progress (weft__tcp_relay_forward). */
+    weft__xfer *rdone_head, *rdone_tail;
     int relay_ready; /* posted receives may match pending chunks */
     unsigned events; /* completions and wake-ups, for spinning */
     unsigned ends;   /* streams that ended (a peer closed or reset) */
