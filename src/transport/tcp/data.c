@@ -326,9 +326,14 @@ static void tx_collect(tcp_tp *tp)
 
     while (w != NULL) {
         wreq *next = w->next;
+        conn *k = w->k;
 
         w->next = NULL;
-        batch_done(tp, w->k, w, w->status);
+        batch_done(tp, k, w, w->status);
+        /* A resumed wire's old connection closes once the thread let go
+         * of its socket (resume.c). */
+        if (k->successor != NULL && k->tx_batches == 0 && !k->closing)
+            weft__tcp_conn_close(k);
         w = next;
     }
 }
@@ -342,8 +347,10 @@ static int for_thread(const tcp_tp *tp, const conn *k, const weft__xfer *x,
 {
     size_t bytes = 0;
 
+    /* (A resumed wire's bytes sent again go through libuv: the thread
+     * waits until they left.) */
     if (!tp->cfg->send_thread || tp->tx_failed || k->uv_batches != 0 ||
-        k->resumable)
+        uv_stream_get_write_queue_size((const uv_stream_t *)&k->h) != 0)
         return 0;
     if (k->tx_batches != 0)
         return 1;

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 int weft__tcp_link_lost(int uverr)
 {
@@ -183,8 +184,19 @@ void weft__tcp_takeover(conn *old, conn *nk, uint64_t peer_pos)
     nk->resume_pos = peer_pos;
     old->successor = nk;
     /* Its writes are cancelled (counted as sent: their bytes are kept),
-     * then conn_close_cb hands over (weft__tcp_resume_finish). */
-    weft__tcp_conn_close(old);
+     * then conn_close_cb hands over (weft__tcp_resume_finish). Where the
+     * sending thread still holds batches of it, its socket stays open
+     * until the thread handed them back (data.c, tx_collect). */
+    if (old->tx_batches == 0) {
+        weft__tcp_conn_close(old);
+    } else {
+        /* The thread may be waiting to write to a socket whose peer no
+         * longer reads it (a move): a shut socket fails its writes. */
+        uv_os_fd_t fd;
+
+        if (uv_fileno((uv_handle_t *)&old->h, &fd) == 0)
+            shutdown(fd, SHUT_RDWR);
+    }
 }
 
 static void resend_cb(uv_write_t *req, int status)
