@@ -81,6 +81,17 @@ static void relay_write_cb(uv_write_t *req, int status)
     }
 }
 
+/* A relayed chunk's header at h (RELAY_HDR bytes). */
+static void relay_hdr_pack(uint8_t *h, uint32_t src, uint32_t dst, uint32_t len,
+                           uint64_t total)
+{
+    weft__put_be32(h, RELAY_MAGIC);
+    weft__put_be32(h + 4, src);
+    weft__put_be32(h + 8, dst);
+    weft__put_be32(h + 12, len);
+    weft__put_be64(h + 16, total);
+}
+
 /* Writes one chunk on the relay connection in direction dir. */
 static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
                        const char *data, uint32_t len, uint64_t total,
@@ -97,11 +108,7 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
          * it counts as sent now. */
         uint8_t hdr[RELAY_HDR];
 
-        weft__put_be32(hdr, RELAY_MAGIC);
-        weft__put_be32(hdr + 4, src);
-        weft__put_be32(hdr + 8, dst);
-        weft__put_be32(hdr + 12, len);
-        weft__put_be64(hdr + 16, total);
+        relay_hdr_pack(hdr, src, dst, len, total);
         b[0] = uv_buf_init((char *)hdr, RELAY_HDR);
         b[1] = uv_buf_init((char *)data, len);
         weft__tcp_retain(k, b, 2);
@@ -123,11 +130,7 @@ static int relay_write(tcp_tp *tp, int dir, uint32_t src, uint32_t dst,
         free(owned);
         return WEFT_ENOMEM;
     }
-    weft__put_be32(w->hdr, RELAY_MAGIC);
-    weft__put_be32(w->hdr + 4, src);
-    weft__put_be32(w->hdr + 8, dst);
-    weft__put_be32(w->hdr + 12, len);
-    weft__put_be64(w->hdr + 16, total);
+    relay_hdr_pack(w->hdr, src, dst, len, total);
     w->owned = owned;
     w->x = x;
     b[0] = uv_buf_init((char *)w->hdr, RELAY_HDR);
