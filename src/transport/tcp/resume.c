@@ -75,6 +75,17 @@ static int others_up(const conn *k)
     return 0;
 }
 
+/* Whether some other wire to k's peer is paused, waiting to resume. */
+static int some_paused(const conn *k)
+{
+    const peer *pe = &k->tp->peers[k->peer];
+
+    for (int w = 0; w < pe->nslots; w++)
+        if (w != k->wire && pe->s[w].c != NULL && pe->s[w].c->paused)
+            return 1;
+    return 0;
+}
+
 int weft__tcp_pause(conn *k, int uverr)
 {
     tcp_tp *tp = k->tp;
@@ -85,8 +96,11 @@ int weft__tcp_pause(conn *k, int uverr)
         !weft__tcp_link_lost(uverr))
         return 0;
     if (!others_up(k)) {
-        /* The last wire to the peer: the peer is lost, whatever waits on
-         * the paused ones. */
+        /* The last wire to the peer. Where others wait paused, the peer is
+         * lost, whatever waits on them; where none does (the peer closed
+         * the others: it died), the wire fails as any wire does. */
+        if (!some_paused(k))
+            return 0;
         weft__tcp_wire_lost(k, uverr);
         tp->lost_peer = k->peer;
         weft__tcp_fail(tp, WEFT_EPEER,
