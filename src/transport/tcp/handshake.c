@@ -59,8 +59,11 @@ static void tune_socket(conn *k)
      * gone) is noticed within WEFT_WIRE_TIMEOUT_MS: bytes sent or a
      * keepalive probe (one a second while nothing moves) unanswered that
      * long abort the connection (ETIMEDOUT). A stopped process's kernel
-     * still answers both, so it is not a lost link. */
-    if (wt > 0 && uv_fileno((uv_handle_t *)&k->h, &fd) == 0) {
+     * still answers both, so it is not a lost link. Loopback (ranks of
+     * one host) has no link to lose: a loaded host must not fail it. */
+    if (wt > 0 && k->peer >= 0 && k->wire >= 0 &&
+        k->tp->peers[k->peer].s[k->wire].link != WEFT__LINK_LOOPBACK &&
+        uv_fileno((uv_handle_t *)&k->h, &fd) == 0) {
         int one = 1;
         /* The kernel counts the user timeout from its first retransmission,
          * about the minimum RTO (200 ms) after the bytes went unanswered:
