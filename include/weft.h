@@ -205,6 +205,36 @@ typedef struct {
 WEFT_EXPORT int weft_peer_wires(const weft_comm *c, int peer,
                                 weft_wire_info *out);
 
+/* Communicators made of another's ranks. Both make new connections among
+ * their ranks (with the same wires, shared memory, topology and settings
+ * as c), and both give a communicator to be finalized as any other.
+ *
+ * weft_comm_shrink: the ranks of c that call it and are alive agree on
+ * who they are, and each gets in *out a communicator of exactly that
+ * set, in c's order, renumbered from 0. A rank that died, or that does
+ * not call it before the connect deadline (WEFT_CONNECT_TIMEOUT_MS), is
+ * left out; a rank that dies during the agreement leaves the others
+ * agreeing on one set. May be called on a failed communicator (the use
+ * it is for) or a healthy one; either way c is failed afterwards (every
+ * operation WEFT_EABORTED) and must still be finalized. On failure *out
+ * is NULL and weft_last_error(NULL) says why (a rank of the set that
+ * died while the new communicator was being made: call it again).
+ *
+ * weft_comm_split: collective over a healthy c (every rank calls it, in
+ * the same order with the other collectives): the ranks that give one
+ * color >= 0 form a communicator, ordered by key, then by rank in c;
+ * color < 0 gives *out NULL. The ranks of one host must come one after
+ * another in the new order (else WEFT_ENOTSUP on every rank of that
+ * color). c stays usable.
+ *
+ * weft_comm_origin_rank: the rank that member rank of c had in the
+ * communicator weft_init or weft_init_config made, which c was shrunk or
+ * split from (rank itself for that one); WEFT_EINVAL out of range. */
+WEFT_EXPORT int weft_comm_shrink(weft_comm *c, weft_comm **out);
+WEFT_EXPORT int weft_comm_split(weft_comm *c, int color, int key,
+                                weft_comm **out);
+WEFT_EXPORT int weft_comm_origin_rank(const weft_comm *c, int rank);
+
 /* Sets the deadline of each later call on c, in milliseconds (> 0; else
  * WEFT_EINVAL and the deadline is unchanged). A call's deadline starts when
  * it is called and covers all of it: every exchange, relay and retry it

@@ -76,7 +76,7 @@ static char *info_make(const weft_comm *c)
 
 /* Connects c to its peers (a job of more than one rank) over the
  * transport its configuration picks, within the connect deadline. */
-static int connect_comm(weft_comm *c, int listen_fd)
+static int connect_comm(weft_comm *c, int listen_fd, uint64_t deadline_ms)
 {
     int rc;
 
@@ -103,7 +103,7 @@ static int connect_comm(weft_comm *c, int listen_fd)
         /* One deadline for the whole set-up, whatever layers it takes
          * (the ibverbs transport's exchange runs over the TCP one's
          * wires, the comparison of settings after both). */
-        .deadline_ms = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms,
+        .deadline_ms = deadline_ms,
         .sink = &c->x.fail,
         .listen_fd = listen_fd,
     };
@@ -138,44 +138,34 @@ static int configure(weft_comm *c, const weft_config *uc, int listen_fd)
             weft__config_rank_port(&c->cfg, c->cfg.rank));
         return WEFT_ECONFIG;
     }
+    return weft__comm_ctx_init(c, c->cfg.timeout_ms);
+}
+
+int weft__comm_ctx_init(weft_comm *c, int timeout_ms)
+{
     c->x.cfg = &c->cfg;
     c->x.rank = c->cfg.rank;
     c->x.nranks = c->cfg.nranks;
-    c->x.timeout_ms = c->cfg.timeout_ms;
+    c->x.timeout_ms = timeout_ms;
     c->x.fail.rank = c->x.rank;
     atomic_init(&c->x.aborted, 0);
     c->x.send_seq = calloc((size_t)c->x.nranks, sizeof *c->x.send_seq);
     c->x.recv_seq = calloc((size_t)c->x.nranks, sizeof *c->x.recv_seq);
-    if (c->x.send_seq == NULL || c->x.recv_seq == NULL ||
-        weft__sched_init(c) != 0)
+    c->origin = calloc((size_t)c->x.nranks, sizeof *c->origin);
+    c->pids = calloc((size_t)c->x.nranks, sizeof *c->pids);
+    if (c->x.send_seq == NULL || c->x.recv_seq == NULL || c->origin == NULL ||
+        c->pids == NULL || weft__sched_init(c) != 0)
         return WEFT_ENOMEM;
+    for (int r = 0; r < c->x.nranks; r++)
+        c->origin[r] = r;
     return WEFT_OK;
 }
 
-/* weft_init (uc NULL) and weft_init_config: what = the caller's name. The
- * listener's socket, where there is one, is closed here on every path (the
- * transport listens on its own copy). */
-static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
+int weft__comm_start(weft_comm *c, int listen_fd, uint64_t deadline_ms)
 {
-    weft_listener *l = uc != NULL ? uc->listener : NULL;
-    int listen_fd = weft__listener_take(l);
-    weft_comm *c;
     int rc;
 
-    init_errmsg[0] = '\0';
-    if (out == NULL) {
-        snprintf(init_errmsg, sizeof init_errmsg, "%s: out is NULL", what);
-        rc = WEFT_EINVAL;
-        goto out;
-    }
-    *out = NULL;
-    c = calloc(1, sizeof *c);
-    if (c == NULL) {
-        rc = WEFT_ENOMEM;
-        goto out;
-    }
-    if ((rc = configure(c, uc, listen_fd)) != 0 ||
-        (rc = connect_comm(c, listen_fd)) != 0)
+    if ((rc = connect_comm(c, listen_fd, deadline_ms)) != 0)
         goto fail;
     if (c->x.tp != NULL) {
         weft__box_init(&c->x);
@@ -202,28 +192,74 @@ static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
         goto fail;
     }
     if (c->x.tp != NULL &&
-        (rc = weft__settings_agree(c, rc, c->tpp->deadline_ms, init_errmsg,
+        (rc = weft__settings_agree(c, rc, deadline_ms, init_errmsg,
                                    sizeof init_errmsg)) != 0)
         goto fail;
+    if (c->x.tp == NULL)
+        c->pids[0] = (int32_t)getpid();
     weft__log(WEFT__LOG_DEBUG, c->x.rank, "initialised: %d ranks over %s",
               c->x.nranks, c->x.tpo->name);
-    *out = c;
-    rc = WEFT_OK;
-    goto out;
-
+    return WEFT_OK;
 fail:
-    if (rc == WEFT_ENOMEM && init_errmsg[0] == '\0')
-        snprintf(init_errmsg, sizeof init_errmsg, "out of memory in %s", what);
-    weft__log(WEFT__LOG_ERROR, c->cfg.nranks > 0 ? c->cfg.rank : -1,
-              "%s: %s: %s", what, weft_err_name(rc), init_errmsg);
+    return rc;
+}
+
+void weft__comm_discard(weft_comm *c)
+{
+    if (c == NULL)
+        return;
     weft__sched_fini(c);
+    weft__engine_free(&c->x);
     if (c->x.tp != NULL)
         c->x.tpo->destroy(c->x.tp);
     weft__config_free(&c->cfg);
     free(c->tpp);
     free(c->x.send_seq);
     free(c->x.recv_seq);
+    free(c->x.scratch);
+    free(c->info);
+    free(c->batch_buf);
+    free(c->origin);
+    free(c->pids);
     free(c);
+}
+
+/* weft_init (uc NULL) and weft_init_config: what = the caller's name. The
+ * listener's socket, where there is one, is closed here on every path (the
+ * transport listens on its own copy). */
+static int init_comm(weft_comm **out, const weft_config *uc, const char *what)
+{
+    weft_listener *l = uc != NULL ? uc->listener : NULL;
+    int listen_fd = weft__listener_take(l);
+    weft_comm *c;
+    int rc;
+
+    init_errmsg[0] = '\0';
+    if (out == NULL) {
+        snprintf(init_errmsg, sizeof init_errmsg, "%s: out is NULL", what);
+        rc = WEFT_EINVAL;
+        goto out;
+    }
+    *out = NULL;
+    c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        rc = WEFT_ENOMEM;
+        goto out;
+    }
+    if ((rc = configure(c, uc, listen_fd)) != 0 ||
+        (rc = weft__comm_start(c, listen_fd,
+                               weft__now_ms() +
+                                   (uint64_t)c->cfg.connect_timeout_ms)) != 0) {
+        if (rc == WEFT_ENOMEM && init_errmsg[0] == '\0')
+            snprintf(init_errmsg, sizeof init_errmsg, "out of memory in %s",
+                     what);
+        weft__log(WEFT__LOG_ERROR, c->cfg.nranks > 0 ? c->cfg.rank : -1,
+                  "%s: %s: %s", what, weft_err_name(rc), init_errmsg);
+        weft__comm_discard(c);
+        goto out;
+    }
+    *out = c;
+    rc = WEFT_OK;
 out:
     if (listen_fd >= 0)
         close(listen_fd);
@@ -290,25 +326,12 @@ const char *weft_version(void)
 
 int weft_finalize(weft_comm *c)
 {
-    if (c == NULL)
-        return WEFT_OK;
-    weft__sched_fini(c);
-    /* The engine first: its reducer thread, joined there, may still be
-     * waking the transport for a job the driver already took (seen under
-     * TSan in CI: weft__shm_wake on a transport shm_destroy had freed). No
-     * frame is posted by now, so the transport holds none of its
-     * buffers. */
-    weft__engine_free(&c->x);
-    if (c->x.tp != NULL)
-        c->x.tpo->destroy(c->x.tp);
-    weft__config_free(&c->cfg);
-    free(c->tpp);
-    free(c->x.send_seq);
-    free(c->x.recv_seq);
-    free(c->x.scratch);
-    free(c->info);
-    free(c->batch_buf);
-    free(c);
+    /* The engine goes before the transport (weft__comm_discard): its
+     * reducer thread, joined there, may still be waking the transport for
+     * a job the driver already took (seen under TSan in CI: weft__shm_wake
+     * on a transport shm_destroy had freed). No frame is posted by now, so
+     * the transport holds none of its buffers. */
+    weft__comm_discard(c);
     return WEFT_OK;
 }
 

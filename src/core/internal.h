@@ -36,6 +36,12 @@ struct weft_comm {
     uint32_t batch_next;
     char *batch_buf;
     size_t batch_bytes;
+    /* Per rank: its rank in the communicator weft_init made, which this
+     * one was shrunk or split from (weft_comm_origin_rank), and its
+     * process id (compared where two ranks share a host: shrink.c). */
+    int *origin;
+    int32_t *pids;
+    unsigned splits; /* weft_comm_split calls on this communicator */
 };
 
 /* The socket of l, which is freed (-1 for NULL): the caller closes it. */
@@ -53,6 +59,21 @@ typedef struct weft__opdesc {
     weft__algo_fn post;
     int batch; /* consecutive calls may run as one (tune.h) */
 } weft__opdesc;
+
+/* ---- comm.c ---- */
+
+/* Sets up c's context for the configuration in c->cfg: the fields of
+ * c->x, the per-rank arrays (origin: the identity), the requests. */
+int weft__comm_ctx_init(weft_comm *c, int timeout_ms);
+
+/* Connects c (its context set up) to its peers, listening on a copy of
+ * listen_fd where it is >= 0, and agrees on the settings, by deadline_ms.
+ * On failure init's thread-local message (weft_last_error(NULL)) says
+ * why; free c with weft__comm_discard. */
+int weft__comm_start(weft_comm *c, int listen_fd, uint64_t deadline_ms);
+
+/* Frees c and everything it holds (weft_finalize). NULL is a no-op. */
+void weft__comm_discard(weft_comm *c);
 
 /* ---- settings.c ---- */
 

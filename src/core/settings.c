@@ -22,18 +22,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define REC_BYTES 2048
-#define REC_MAGIC 0x77667331u /* "wfs1" */
-#define STR_BYTES 16          /* transport, topology */
-#define ERR_BYTES 320         /* a rank's own configuration error */
+#define REC_MAGIC 0x77667331u  /* "wfs1" */
+#define STR_BYTES 16           /* transport, topology */
+#define ERR_BYTES 320          /* a rank's own configuration error */
+#define PID_AT (REC_BYTES - 4) /* the rank's process id (shrink.c) */
 
 /* Record layout: magic; then each numeric WEFT__PF_SAME setting's value
  * (8 bytes each, in the table's order); transport and topology; the
  * rank's own configuration error ("" if none: a table that cannot run
  * here, found by this rank alone); the hash and length of the tuning
  * table's text and that text, cut at the record's end (the hash says
- * whether the cut parts differ). */
+ * whether the cut parts differ); the last 4 bytes, the rank's process
+ * id. */
 typedef struct {
     size_t nums;  /* offset of the numbers */
     size_t strs;  /* of transport and topology */
@@ -72,7 +75,7 @@ static void pack(const weft_comm *c, const char *table, const char *err,
 {
     const layout l = rec_layout();
     size_t at = l.nums, len = strlen(table);
-    size_t room = REC_BYTES - l.table - 12 - 1; /* and a NUL */
+    size_t room = REC_BYTES - l.table - 12 - 1 - 4; /* a NUL, the pid */
 
     memset(rec, 0, REC_BYTES);
     weft__put_be32(rec, REC_MAGIC);
@@ -91,6 +94,7 @@ static void pack(const weft_comm *c, const char *table, const char *err,
     weft__put_be64(rec + l.table, fnv1a(table));
     weft__put_be32(rec + l.table + 8, (uint32_t)len);
     memcpy(rec + l.table + 12, table, len < room ? len : room);
+    weft__put_be32(rec + PID_AT, (uint32_t)getpid());
 }
 
 /* The first line (operation) where tables a and b differ, as "line" of
@@ -236,6 +240,8 @@ int weft__settings_agree(weft_comm *c, int own_rc, uint64_t deadline_ms,
             rc = WEFT_ECONFIG;
         goto out;
     }
+    for (size_t r = 0; r < n; r++)
+        c->pids[r] = (int32_t)weft__get_be32(all + r * REC_BYTES + PID_AT);
     if (own_error(all, n, errmsg, errlen))
         rc = WEFT_ECONFIG;
     for (size_t r = 1; rc == WEFT_OK && r < n; r++)

@@ -484,3 +484,89 @@ int weft__config_rank_port(const weft__config *cfg, int r)
     const weft__host *h = &cfg->hosts[cfg->rank_host[r]];
     return h->ports[r - h->first_rank];
 }
+
+int weft__config_subset(const weft__config *old, const int *members, int n,
+                        int rank, const int *ports, weft__config *out,
+                        char *errmsg, size_t errlen)
+{
+    weft__hostfile_out view;
+    int *host_new = NULL; /* old host index -> new, or -1 */
+
+    memset(out, 0, sizeof *out);
+    *out = *old;
+    out->hosts = NULL;
+    out->links = NULL;
+    out->rank_host = NULL;
+    out->nhosts = 0;
+    out->nlinks = 0;
+    out->rank = rank;
+    out->nranks = n;
+    host_new = malloc(sizeof *host_new * (size_t)old->nhosts);
+    out->hosts = calloc((size_t)old->nhosts, sizeof *out->hosts);
+    out->links =
+        calloc((size_t)(old->nlinks > 0 ? old->nlinks : 1), sizeof *out->links);
+    out->rank_host = calloc((size_t)n, sizeof *out->rank_host);
+    if (host_new == NULL || out->hosts == NULL || out->links == NULL ||
+        out->rank_host == NULL)
+        goto nomem;
+    for (int h = 0; h < old->nhosts; h++)
+        host_new[h] = -1;
+    /* Hosts in the order of their first member; a host's members must
+     * follow one another (every transport numbers a host's ranks from its
+     * first one). */
+    for (int i = 0; i < n; i++) {
+        int oh = old->rank_host[members[i]];
+        weft__host *h;
+
+        if (host_new[oh] < 0) {
+            host_new[oh] = out->nhosts++;
+            h = &out->hosts[host_new[oh]];
+            *h = old->hosts[oh];
+            h->nranks = 0;
+            h->first_rank = i;
+            h->ports = calloc((size_t)old->hosts[oh].nranks, sizeof(int));
+            if (h->ports == NULL)
+                goto nomem;
+        }
+        h = &out->hosts[host_new[oh]];
+        if (h->first_rank + h->nranks != i) {
+            snprintf(errmsg, errlen,
+                     "the new communicator's ranks of host %s do not follow "
+                     "one another (new rank %d comes after rank %d of "
+                     "another host): order the ranks of each host together",
+                     h->name, i, i - 1);
+            free(host_new);
+            weft__config_free(out);
+            return WEFT_ENOTSUP;
+        }
+        h->ports[h->nranks++] =
+            ports != NULL ? ports[i] : weft__config_rank_port(old, members[i]);
+        out->rank_host[i] = host_new[oh];
+    }
+    for (int l = 0; l < old->nlinks; l++) {
+        weft__link lk = old->links[l];
+        int a = host_new[lk.end[0].host], b = host_new[lk.end[1].host];
+
+        if (a < 0 || b < 0)
+            continue;
+        lk.end[0].host = a;
+        lk.end[1].host = b;
+        out->links[out->nlinks++] = lk;
+    }
+    free(host_new);
+    memset(&view, 0, sizeof view);
+    view.nranks = n;
+    view.nhosts = out->nhosts;
+    view.hosts = out->hosts;
+    view.nlinks = out->nlinks;
+    view.links = out->links;
+    out->mesh = weft__hostfile_mesh(&view, out->topology, NULL, 0);
+    sizes(out);
+    out->hier_local = weft__hier_local(out);
+    return WEFT_OK;
+nomem:
+    free(host_new);
+    weft__config_free(out);
+    snprintf(errmsg, errlen, "out of memory");
+    return WEFT_ENOMEM;
+}

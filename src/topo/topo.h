@@ -231,4 +231,16 @@ int weft__hier_local(const weft__config *cfg);
 /* The port rank r listens on. */
 int weft__config_rank_port(const weft__config *cfg, int r);
 
+/* The configuration of a communicator made of some of old's ranks
+ * (weft_comm_shrink, weft_comm_split): members[i] (n entries) is the old
+ * rank that becomes rank i, this process being rank; ports[i] is where
+ * member i listens (NULL: the port it had in old). Hosts keep their
+ * names, addresses and cables; a host left with no member goes, with its
+ * cables. The members of one host must follow one another
+ * (WEFT_ENOTSUP, errmsg says why). WEFT_OK (free *out with
+ * weft__config_free), or WEFT_ENOMEM; on failure *out holds nothing. */
+int weft__config_subset(const weft__config *old, const int *members, int n,
+                        int rank, const int *ports, weft__config *out,
+                        char *errmsg, size_t errlen);
+
 #endif

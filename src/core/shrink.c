@@ -1,0 +1,821 @@
+/*
+ * Communicators made of another's ranks: weft_comm_shrink, where the
+ * ranks still alive agree on who they are and connect anew, and
+ * weft_comm_split, where a healthy communicator's ranks form groups.
+ *
+ * The shrink's agreement runs over plain sockets at the ports the old
+ * communicator listened on (a failed communicator has stopped listening:
+ * tcp.h), with a leader, the lowest rank not known dead:
+ * - every other rank connects to the leader and sends JOIN with the ranks
+ *   it knows dead; the leader answers WELCOME at once;
+ * - the leader waits until every rank has joined or is known dead (or
+ *   the connect deadline has passed: those left are out), then sends
+ *   DECIDE with the set; every member answers ACK; a member whose
+ *   connection ends before its ACK is dead, and the leader decides again
+ *   without it; once all answered, COMMIT.
+ * A rank is known dead when its process is gone (ranks of this host:
+ * their pids, exchanged as the old communicator was made), or when its
+ * connection in the agreement ends before the agreement did (a rank that
+ * is alive and shrinking never closes one). A member whose leader dies
+ * elects the next one; ranks that joined the dead leader find the same
+ * one, since they saw the same end. Every member leaves with the set of
+ * the COMMIT, the same on every rank. Then the new communicator is made
+ * over new connections, listening at the same ports, with a job token
+ * derived from the old one and the set (so that nothing of another
+ * attempt or of the old communicator is taken for its own).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* accept4 */
+#endif
+#include "base/bytes.h"
+#include "core/internal.h"
+#include "transport/transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MSG_MAGIC 0x7766736bu /* "wfsk" */
+#define HDR_BYTES 24
+#define RETRY_MS 20 /* between tries of a leader that does not listen yet */
+
+enum { M_JOIN = 1, M_WELCOME, M_DECIDE, M_ACK, M_COMMIT };
+
+/* The agreement's state on one rank. */
+typedef struct {
+    weft_comm *c;
+    int n, me;
+    size_t bm_bytes;   /* bytes of a set of ranks */
+    size_t msg_bytes;  /* of every message */
+    uint64_t key;      /* proves a message is of this job */
+    uint8_t *dead;     /* ranks known dead (one byte per rank) */
+    uint64_t deadline; /* ranks not heard from by then are out */
+    int lfd;           /* listening at this rank's port */
+    char *errmsg;
+    size_t errlen;
+} agree;
+
+static uint64_t fnv(uint64_t h, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* ---- processes of this host ---- */
+
+/* 1 where rank r of c runs on this host and its process is gone (or a
+ * zombie: killed, not yet reaped by its parent). */
+static int pid_gone(const weft_comm *c, int r)
+{
+    char path[64], buf[256];
+    const char *p;
+    FILE *f;
+    size_t len;
+    pid_t pid = c->pids[r];
+
+    if (pid <= 0 || c->cfg.rank_host[r] != c->cfg.rank_host[c->x.rank])
+        return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 1;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if ((f = fopen(path, "r")) == NULL)
+        return 0;
+    len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    /* "pid (comm) S ...": the state follows the last ')'. */
+    p = strrchr(buf, ')');
+    return p != NULL && (p[2] == 'Z' || p[2] == 'X');
+}
+
+static void check_pids(agree *a)
+{
+    for (int r = 0; r < a->n; r++)
+        if (r != a->me && !a->dead[r] && pid_gone(a->c, r))
+            a->dead[r] = 1;
+}
+
+/* ---- messages ---- */
+
+static void msg_pack(const agree *a, int type, const uint8_t *set, uint8_t *m)
+{
+    memset(m, 0, a->msg_bytes);
+    weft__put_be32(m, MSG_MAGIC);
+    weft__put_be32(m + 4, (uint32_t)type);
+    weft__put_be32(m + 8, (uint32_t)a->me);
+    weft__put_be32(m + 12, (uint32_t)a->n);
+    weft__put_be64(m + 16, a->key);
+    for (int r = 0; set != NULL && r < a->n; r++)
+        if (set[r])
+            m[HDR_BYTES + r / 8] |= (uint8_t)(1u << (r % 8));
+}
+
+/* The message's type, its sender in *from and its set in set (n bytes),
+ * or 0 for one that is not of this agreement. */
+static int msg_parse(const agree *a, const uint8_t *m, int *from, uint8_t *set)
+{
+    int type = (int)weft__get_be32(m + 4);
+
+    if (weft__get_be32(m) != MSG_MAGIC ||
+        weft__get_be32(m + 12) != (uint32_t)a->n ||
+        weft__get_be64(m + 16) != a->key || type < M_JOIN || type > M_COMMIT)
+        return 0;
+    *from = (int)weft__get_be32(m + 8);
+    if (*from < 0 || *from >= a->n || *from == a->me)
+        return 0;
+    for (int r = 0; set != NULL && r < a->n; r++)
+        set[r] = (m[HDR_BYTES + r / 8] >> (r % 8)) & 1;
+    return type;
+}
+
+/* Sends a whole message on a connection (small: the socket's buffer
+ * takes it at once, or the peer is not reading, which is its failure). */
+static int msg_send(const agree *a, int fd, int type, const uint8_t *set)
+{
+    uint8_t m[HDR_BYTES + 1024];
+    ssize_t k;
+
+    msg_pack(a, type, set, m);
+    k = send(fd, m, a->msg_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return k == (ssize_t)a->msg_bytes ? 0 : -1;
+}
+
+/* A connection being read: bytes of the message that is arriving. */
+typedef struct {
+    int fd;
+    int rank; /* once it said who it is, else -1 */
+    size_t got;
+    uint8_t buf[HDR_BYTES + 1024];
+} link_in;
+
+/* Reads what arrived: 1 with a whole message in l->buf (then l->got is
+ * reset), 0 for not yet, -1 where the connection ended or failed. */
+static int link_read(const agree *a, link_in *l)
+{
+    ssize_t k =
+        recv(l->fd, l->buf + l->got, a->msg_bytes - l->got, MSG_DONTWAIT);
+
+    if (k == 0)
+        return -1;
+    if (k < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0
+                                                                         : -1;
+    l->got += (size_t)k;
+    if (l->got < a->msg_bytes)
+        return 0;
+    l->got = 0;
+    return 1;
+}
+
+static int poll_ms(uint64_t until)
+{
+    uint64_t now = weft__now_ms();
+
+    if (now >= until)
+        return 0;
+    return until - now > 50 ? 50 : (int)(until - now);
+}
+
+/* ---- addresses ---- */
+
+/* The addresses at which rank q listens, as seen from this rank: its
+ * host's own where it shares this one, else the ends at q's host of the
+ * cables between the two hosts, else of every cable of q's host. */
+static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
+                      int max)
+{
+    int hq = cfg->rank_host[q], hm = cfg->rank_host[me], n = 0;
+
+    if (hq == hm) {
+        snprintf(out[0], 64, "%s",
+                 cfg->hosts[hq].local_addr[0] ? cfg->hosts[hq].local_addr
+                                              : "127.0.0.1");
+        return 1;
+    }
+    for (int pass = 0; pass < 2 && n == 0; pass++)
+        for (int l = 0; l < cfg->nlinks && n < max; l++) {
+            const weft__link *lk = &cfg->links[l];
+
+            for (int e = 0; e < 2 && n < max; e++)
+                if (lk->end[e].host == hq &&
+                    (pass == 1 || lk->end[1 - e].host == hm))
+                    snprintf(out[n++], 64, "%s", lk->end[e].addr);
+        }
+    return n;
+}
+
+/* Starts connecting to addr:port: the socket, or -1. */
+static int dial(const char *addr, int port)
+{
+    struct sockaddr_in sa;
+    int fd, one = 1;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+        return -1;
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 &&
+        errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Binds and listens at port (0: one the system picks) on the address the
+ * TCP transport listens on for cfg's job; the socket or -1 (errno). */
+static int listen_at(const weft__config *cfg, int port)
+{
+    struct sockaddr_in sa;
+    int fd, one = 1;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(cfg->nhosts == 1 ? INADDR_LOOPBACK : INADDR_ANY);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* ---- the leader ---- */
+
+/* The leader's part: *set (n bytes) gets the members. WEFT_OK or
+ * WEFT_ENOMEM. */
+static int lead(agree *a, uint8_t *set)
+{
+    const int n = a->n;
+    link_in *in = calloc((size_t)(2 * n + 1), sizeof *in);
+    uint8_t *joined = calloc((size_t)n, 1), *got = malloc((size_t)n);
+    struct pollfd *pf = calloc((size_t)(2 * n + 2), sizeof *pf);
+    int nin = 0, rc = WEFT_ENOMEM;
+
+    if (in == NULL || joined == NULL || got == NULL || pf == NULL)
+        goto out;
+    for (;;) {
+        int complete = 1, np = 0;
+
+        check_pids(a);
+        for (int r = 0; r < n; r++)
+            if (r != a->me && !joined[r] && !a->dead[r])
+                complete = 0;
+        if (complete || weft__now_ms() >= a->deadline)
+            break;
+        pf[np++] = (struct pollfd){.fd = a->lfd, .events = POLLIN};
+        for (int i = 0; i < nin; i++)
+            pf[np++] = (struct pollfd){.fd = in[i].fd, .events = POLLIN};
+        if (poll(pf, (nfds_t)np, poll_ms(a->deadline)) <= 0)
+            continue;
+        for (int i = 0; i < np - 1; i++) {
+            int k, from = -1, type;
+
+            if (in[i].fd < 0 || pf[1 + i].revents == 0)
+                continue;
+            while ((k = link_read(a, &in[i])) == 1) {
+                type = msg_parse(a, in[i].buf, &from, got);
+                if (type != M_JOIN || (in[i].rank >= 0 && in[i].rank != from)) {
+                    k = -1;
+                    break;
+                }
+                if (in[i].rank < 0) {
+                    /* A rank that joins again (it lost an earlier
+                     * connection) replaces its old one. */
+                    for (int j = 0; j < nin; j++)
+                        if (j != i && in[j].rank == from && in[j].fd >= 0) {
+                            close(in[j].fd);
+                            in[j].fd = -1;
+                            in[j].rank = -1;
+                        }
+                    in[i].rank = from;
+                    joined[from] = 1;
+                    a->dead[from] = 0;
+                    if (msg_send(a, in[i].fd, M_WELCOME, NULL) != 0) {
+                        k = -1;
+                        break;
+                    }
+                }
+                /* What it knows dead; never a rank that is with us. */
+                for (int r = 0; r < n; r++)
+                    if (got[r] && r != a->me && !joined[r])
+                        a->dead[r] = 1;
+            }
+            if (k < 0) {
+                if (in[i].rank >= 0) {
+                    joined[in[i].rank] = 0;
+                    a->dead[in[i].rank] = 1;
+                }
+                close(in[i].fd);
+                in[i].fd = -1;
+            }
+        }
+        if ((pf[0].revents & POLLIN) && nin < 2 * n) {
+            int fd = accept4(a->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd >= 0)
+                in[nin++] = (link_in){.fd = fd, .rank = -1};
+        }
+        /* Drop closed entries. */
+        for (int i = 0; i < nin;)
+            if (in[i].fd < 0)
+                in[i] = in[--nin];
+            else
+                i++;
+    }
+    /* Those not heard from are out. Decide, until every member agreed. */
+    for (;;) {
+        int answered = 0, members = 0, lost = 0;
+        uint64_t until = a->deadline + (uint64_t)a->c->cfg.connect_timeout_ms;
+
+        for (int r = 0; r < n; r++)
+            set[r] = r == a->me || joined[r];
+        for (int i = 0; i < nin; i++) {
+            if (in[i].rank < 0 || !joined[in[i].rank])
+                continue;
+            members++;
+            if (msg_send(a, in[i].fd, M_DECIDE, set) != 0) {
+                joined[in[i].rank] = 0;
+                lost = 1;
+            }
+        }
+        if (lost)
+            continue;
+        for (int i = 0; i < nin; i++)
+            pf[i] = (struct pollfd){
+                .fd = in[i].rank >= 0 && joined[in[i].rank] ? in[i].fd : -1,
+                .events = POLLIN};
+        while (answered < members && !lost && weft__now_ms() < until) {
+            if (poll(pf, (nfds_t)nin, poll_ms(until)) <= 0)
+                continue;
+            for (int i = 0; i < nin; i++) {
+                int k, from = -1;
+
+                if (pf[i].fd < 0 || pf[i].revents == 0)
+                    continue;
+                while ((k = link_read(a, &in[i])) == 1) {
+                    int type = msg_parse(a, in[i].buf, &from, NULL);
+                    if (type == M_ACK) {
+                        answered++;
+                        pf[i].fd = -1;
+                        break;
+                    }
+                    /* A late JOIN of what it knew dead: no longer asked. */
+                    if (type != M_JOIN) {
+                        k = -1;
+                        break;
+                    }
+                }
+                if (k < 0) {
+                    joined[in[i].rank] = 0;
+                    a->dead[in[i].rank] = 1;
+                    lost = 1;
+                }
+            }
+        }
+        if (!lost && answered < members)
+            /* Silent members past the deadline: out, and decide again. */
+            for (int i = 0; i < nin; i++)
+                if (pf[i].fd >= 0 && in[i].rank >= 0) {
+                    joined[in[i].rank] = 0;
+                    lost = 1;
+                }
+        if (lost)
+            continue;
+        break;
+    }
+    for (int i = 0; i < nin; i++)
+        if (in[i].rank >= 0 && joined[in[i].rank])
+            msg_send(a, in[i].fd, M_COMMIT, set);
+    rc = WEFT_OK;
+out:
+    for (int i = 0; in != NULL && i < nin; i++)
+        close(in[i].fd);
+    free(in);
+    free(joined);
+    free(got);
+    free(pf);
+    return rc;
+}
+
+/* ---- a member ---- */
+
+enum { FOLLOW_DONE = 0, FOLLOW_LEADER_DEAD = 1, FOLLOW_TIMEOUT = 2 };
+
+/* A member's part with leader L: FOLLOW_DONE with *set, or the leader
+ * found dead, or the deadline. */
+static int follow(agree *a, int L, uint8_t *set)
+{
+    char addrs[8][64];
+    const int port = weft__config_rank_port(&a->c->cfg, L);
+    const int naddr = rank_addrs(&a->c->cfg, a->me, L, addrs, 8);
+    const uint64_t hard =
+        a->deadline + 2 * (uint64_t)a->c->cfg.connect_timeout_ms;
+    uint8_t *known = malloc((size_t)a->n);
+    int attempt = 0, result = FOLLOW_TIMEOUT;
+
+    if (known == NULL)
+        return FOLLOW_TIMEOUT;
+    while (weft__now_ms() < a->deadline) {
+        link_in l = {.fd = -1, .rank = L};
+        int welcomed = 0, decided = 0, k, from = -1, type, err = 0;
+        socklen_t elen = sizeof err;
+        struct pollfd pf;
+
+        check_pids(a);
+        if (a->dead[L]) {
+            result = FOLLOW_LEADER_DEAD;
+            break;
+        }
+        if (attempt++ > 0)
+            usleep(RETRY_MS * 1000);
+        l.fd = dial(addrs[attempt % (naddr > 0 ? naddr : 1)], port);
+        if (naddr == 0 || l.fd < 0)
+            continue;
+        pf = (struct pollfd){.fd = l.fd, .events = POLLOUT};
+        while (poll(&pf, 1, poll_ms(a->deadline)) == 0 &&
+               weft__now_ms() < a->deadline)
+            ;
+        if (!(pf.revents & POLLOUT) ||
+            getsockopt(l.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
+            err != 0 || msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
+            close(l.fd);
+            continue;
+        }
+        memcpy(known, a->dead, (size_t)a->n);
+        /* Wait for the leader; tell it of deaths seen meanwhile. */
+        for (;;) {
+            uint64_t until = welcomed ? hard : a->deadline;
+
+            pf = (struct pollfd){.fd = l.fd, .events = POLLIN};
+            if (weft__now_ms() >= until) {
+                k = -2;
+                break;
+            }
+            if (poll(&pf, 1, poll_ms(until)) == 0) {
+                check_pids(a);
+                if (a->dead[L]) {
+                    k = -3;
+                    break;
+                }
+                if (memcmp(known, a->dead, (size_t)a->n) != 0 && !decided) {
+                    memcpy(known, a->dead, (size_t)a->n);
+                    if (msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
+                        k = -1;
+                        break;
+                    }
+                }
+                continue;
+            }
+            k = link_read(a, &l);
+            if (k < 0)
+                break;
+            if (k == 0)
+                continue;
+            type = msg_parse(a, l.buf, &from, set);
+            if (from != L) {
+                k = -1;
+                break;
+            }
+            if (type == M_WELCOME)
+                welcomed = 1;
+            else if (type == M_DECIDE) {
+                decided = 1;
+                memcpy(known, set, (size_t)a->n);
+                if (msg_send(a, l.fd, M_ACK, NULL) != 0) {
+                    k = -1;
+                    break;
+                }
+            } else if (type == M_COMMIT && decided &&
+                       memcmp(known, set, (size_t)a->n) == 0) {
+                k = 1;
+                break;
+            } else {
+                k = -1;
+                break;
+            }
+        }
+        close(l.fd);
+        if (k == 1) {
+            result = FOLLOW_DONE;
+            break;
+        }
+        if (k == -3 || (k == -1 && welcomed)) {
+            /* Gone in the middle of the agreement: it died. */
+            a->dead[L] = 1;
+            result = FOLLOW_LEADER_DEAD;
+            break;
+        }
+        if (k == -2) {
+            result = FOLLOW_TIMEOUT;
+            break;
+        }
+        /* Closed before it welcomed us: not (yet) the leader's agreement
+         * at that port (the old communicator, or nobody): try again. */
+    }
+    free(known);
+    return result;
+}
+
+/* ---- the whole agreement ---- */
+
+/* Agrees with the ranks of c alive on the set (set: n bytes). */
+static int agree_run(agree *a, uint8_t *set)
+{
+    const uint64_t ct = (uint64_t)a->c->cfg.connect_timeout_ms;
+
+    for (int round = 0; round <= a->n; round++) {
+        int L = 0;
+
+        while (L < a->n && a->dead[L])
+            L++;
+        /* A round after one that ran to the deadline (a leader that never
+         * answered) gets a deadline of its own. */
+        if (weft__now_ms() + RETRY_MS >= a->deadline)
+            a->deadline = weft__now_ms() + ct;
+        if (L == a->me)
+            return lead(a, set);
+        if (follow(a, L, set) == FOLLOW_DONE)
+            return WEFT_OK;
+        /* Dead, or not heard from by the deadline: it is out. */
+        a->dead[L] = 1;
+    }
+    snprintf(a->errmsg, a->errlen,
+             "rank %d: weft_comm_shrink: no rank led the agreement", a->me);
+    return WEFT_ETIMEDOUT;
+}
+
+/* ---- making the new communicator ---- */
+
+/* A failure of shrink or split: its text in weft_last_error(NULL) (as a
+ * failed weft_init's) and, where c has not failed, weft_last_error(c). */
+static int say(weft_comm *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int say(weft_comm *c, int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(weft__init_errmsg, sizeof weft__init_errmsg, fmt, ap);
+    va_end(ap);
+    weft__note(&c->x, rc, "%s", weft__init_errmsg);
+    return rc;
+}
+
+/* A new communicator of c's ranks members[0..n-1] (this rank among them),
+ * with ports (NULL: the old ones), listening on lfd, its token derived
+ * from c's and salt. */
+static int make(weft_comm *c, const int *members, int n, const int *ports,
+                int lfd, uint64_t salt, const char *what, weft_comm **out)
+{
+    weft_comm *k = calloc(1, sizeof *k);
+    int me = -1, rc;
+    uint64_t h;
+
+    for (int i = 0; i < n; i++)
+        if (members[i] == c->x.rank)
+            me = i;
+    char why[sizeof weft__init_errmsg];
+
+    if (k == NULL)
+        return say(c, WEFT_ENOMEM, "%s: out of memory", what);
+    why[0] = '\0';
+    rc = weft__config_subset(&c->cfg, members, n, me, ports, &k->cfg, why,
+                             sizeof why);
+    if (rc != 0) {
+        free(k);
+        return say(c, rc, "rank %d: %s: %s", c->x.rank, what, why);
+    }
+    /* A token of its own: its connections prove they are of this
+     * communicator, not of c or of another one made from c. */
+    h = fnv(0xcbf29ce484222325ull ^ salt, members, sizeof *members * (size_t)n);
+    for (int i = 0; i < WEFT__TOKEN_BYTES; i++) {
+        h = fnv(h, &i, sizeof i);
+        k->cfg.token[i] ^= (uint8_t)(h >> 24);
+    }
+    if ((rc = weft__comm_ctx_init(k, c->x.timeout_ms)) == 0) {
+        for (int i = 0; i < n; i++)
+            k->origin[i] = c->origin[members[i]];
+        rc = weft__comm_start(k, n > 1 ? lfd : -1,
+                              weft__now_ms() +
+                                  (uint64_t)k->cfg.connect_timeout_ms);
+    }
+    if (rc != 0) {
+        snprintf(why, sizeof why, "%s",
+                 weft__init_errmsg[0] ? weft__init_errmsg : weft_strerror(rc));
+        say(c, rc, "rank %d: %s: the new communicator of %d ranks: %s",
+            c->x.rank, what, n, why);
+        weft__comm_discard(k);
+        return rc;
+    }
+    *out = k;
+    return WEFT_OK;
+}
+
+/* Ends every operation of c and closes its wires: c is failed from now
+ * on (as weft_comm_shrink leaves it), its port free. */
+static void retire(weft_comm *c)
+{
+    if (c->x.fail.code == 0)
+        weft__set_error(&c->x, WEFT_EABORTED,
+                        "rank %d: the communicator was shrunk "
+                        "(weft_comm_shrink); use the new one",
+                        c->x.rank);
+    atomic_store(&c->x.aborted, 1);
+    /* Stops the progress thread and ends what is pending, then gives c
+     * requests again, which fail at once as c has failed. */
+    weft__sched_fini(c);
+    weft__sched_init(c);
+    if (c->x.tp != NULL)
+        c->x.tpo->shutdown(c->x.tp);
+}
+
+int weft_comm_shrink(weft_comm *c, weft_comm **out)
+{
+    agree a;
+    uint8_t *set = NULL;
+    int *members = NULL, n = 0, rc;
+    uint64_t salt;
+
+    if (c == NULL || out == NULL)
+        return c == NULL ? WEFT_EINVAL
+                         : weft__note(&c->x, WEFT_EINVAL,
+                                      "weft_comm_shrink: out is NULL");
+    *out = NULL;
+    memset(&a, 0, sizeof a);
+    a.c = c;
+    a.n = c->x.nranks;
+    a.me = c->x.rank;
+    a.bm_bytes = ((size_t)a.n + 7) / 8;
+    a.msg_bytes = HDR_BYTES + a.bm_bytes;
+    a.errmsg = weft__init_errmsg;
+    a.errlen = sizeof weft__init_errmsg;
+    a.lfd = -1;
+    if (a.bm_bytes > 1024)
+        return say(c, WEFT_ENOTSUP, "weft_comm_shrink: more than 8192 ranks");
+    retire(c);
+    a.key = fnv(fnv(0xcbf29ce484222325ull, c->cfg.token, WEFT__TOKEN_BYTES),
+                "shrink", 6);
+    a.deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
+    a.dead = calloc((size_t)a.n, 1);
+    set = calloc((size_t)a.n, 1);
+    members = calloc((size_t)a.n, sizeof *members);
+    rc = WEFT_ENOMEM;
+    if (a.dead == NULL || set == NULL || members == NULL)
+        goto out;
+    if (a.n > 1) {
+        /* The port is free once c stopped listening; a moment may pass
+         * before the kernel lets it be bound again. */
+        int port = weft__config_rank_port(&c->cfg, a.me);
+
+        while ((a.lfd = listen_at(&c->cfg, port)) < 0 && errno == EADDRINUSE &&
+               weft__now_ms() < a.deadline)
+            usleep(RETRY_MS * 1000);
+        if (a.lfd < 0) {
+            rc = say(c, WEFT_ETRANSPORT,
+                     "rank %d: weft_comm_shrink: cannot listen on port %d: %s",
+                     a.me, port, strerror(errno));
+            goto out;
+        }
+        if ((rc = agree_run(&a, set)) != 0)
+            goto out;
+    } else
+        set[0] = 1;
+    salt = 0x736872696e6bull; /* "shrink" */
+    for (int r = 0; r < a.n; r++)
+        if (set[r]) {
+            members[n++] = r;
+            salt = fnv(salt, &r, sizeof r);
+        }
+    salt = fnv(salt, &c->splits, sizeof c->splits);
+    c->splits++;
+    weft__log(WEFT__LOG_WARN, a.me, "weft_comm_shrink: %d of %d ranks go on", n,
+              a.n);
+    rc = make(c, members, n, NULL, a.lfd, salt, "weft_comm_shrink", out);
+out:
+    if (a.lfd >= 0)
+        close(a.lfd);
+    free(a.dead);
+    free(set);
+    free(members);
+    return rc;
+}
+
+/* ---- split ---- */
+
+typedef struct {
+    int key, rank;
+} by_key;
+
+static int by_key_cmp(const void *x, const void *y)
+{
+    const by_key *p = x, *q = y;
+
+    if (p->key != q->key)
+        return p->key < q->key ? -1 : 1;
+    return p->rank < q->rank ? -1 : p->rank > q->rank;
+}
+
+int weft_comm_split(weft_comm *c, int color, int key, weft_comm **out)
+{
+    struct sockaddr_in sa;
+    socklen_t salen = sizeof sa;
+    int32_t mine[3], *all = NULL;
+    by_key *grp = NULL;
+    int *members = NULL, *ports = NULL, n = 0, lfd = -1, rc;
+    const int nr = c != NULL ? c->x.nranks : 0;
+    uint64_t salt;
+
+    if (c == NULL || out == NULL)
+        return c == NULL ? WEFT_EINVAL
+                         : weft__note(&c->x, WEFT_EINVAL,
+                                      "weft_comm_split: out is NULL");
+    *out = NULL;
+    if (c->x.fail.code != 0 || atomic_load(&c->x.aborted))
+        return WEFT_EABORTED;
+    all = calloc((size_t)nr, sizeof mine);
+    grp = calloc((size_t)nr, sizeof *grp);
+    members = calloc((size_t)nr, sizeof *members);
+    ports = calloc((size_t)nr, sizeof *ports);
+    if (all == NULL || grp == NULL || members == NULL || ports == NULL) {
+        rc = say(c, WEFT_ENOMEM, "weft_comm_split: out of memory");
+        goto out;
+    }
+    mine[0] = color < 0 ? -1 : color;
+    mine[1] = key;
+    mine[2] = 0;
+    if (color >= 0 && nr > 1) {
+        if ((lfd = listen_at(&c->cfg, 0)) < 0 ||
+            getsockname(lfd, (struct sockaddr *)&sa, &salen) != 0) {
+            rc = say(c, WEFT_ETRANSPORT,
+                     "rank %d: weft_comm_split: cannot listen: %s", c->x.rank,
+                     strerror(errno));
+            /* The others must not wait for this rank: it takes part
+             * without a group. */
+            mine[0] = -1;
+        } else
+            mine[2] = ntohs(sa.sin_port);
+    }
+    /* Every rank learns every rank's color, key and port. */
+    if ((rc = weft_all_gather(c, mine, all, 3, WEFT_INT32)) != 0)
+        goto out;
+    salt = fnv(0x73706c6974ull, &c->splits, sizeof c->splits); /* "split" */
+    c->splits++;
+    if (color < 0) {
+        rc = WEFT_OK;
+        goto out;
+    }
+    if (mine[0] < 0) {
+        rc = WEFT_ETRANSPORT; /* noted above */
+        goto out;
+    }
+    for (int r = 0; r < nr; r++)
+        if (all[3 * r] == color)
+            grp[n++] = (by_key){all[3 * r + 1], r};
+    qsort(grp, (size_t)n, sizeof *grp, by_key_cmp);
+    for (int i = 0; i < n; i++) {
+        members[i] = grp[i].rank;
+        ports[i] = all[3 * grp[i].rank + 2];
+    }
+    salt = fnv(salt, &color, sizeof color);
+    rc = make(c, members, n, ports, lfd, salt, "weft_comm_split", out);
+out:
+    if (lfd >= 0)
+        close(lfd);
+    free(all);
+    free(grp);
+    free(members);
+    free(ports);
+    return rc;
+}
+
+int weft_comm_origin_rank(const weft_comm *c, int rank)
+{
+    if (c == NULL || rank < 0 || rank >= c->x.nranks)
+        return WEFT_EINVAL;
+    return c->origin[rank];
+}
