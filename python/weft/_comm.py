@@ -738,6 +738,50 @@ class Comm:
         return {"total": info.total, "up": info.up, "lost": info.lost,
                 "back": info.back}
 
+    def _make(self, what, fn, args):
+        """A new Comm from fn(handle, *args, &out) (shrink, split); None
+        where fn gave none (split's color < 0)."""
+        _refuse_in_callback("Comm." + what)
+        out = ctypes.c_void_p()
+        with self._op_lock:
+            if self._h is None:
+                self._live_handle()  # raises
+            rc = fn(self._h, *args, ctypes.byref(out))
+        if rc != 0:
+            raise _init_error(rc)
+        return Comm(out.value) if out.value else None
+
+    def shrink(self):
+        """weft_comm_shrink: a new Comm of the ranks that call it and are
+        alive (this one failed, typically after a weft.PeerError), in the
+        old order, renumbered from 0. This Comm is failed afterwards and
+        must still be closed."""
+        return self._make("shrink", lib.optional("weft_comm_shrink"), ())
+
+    def split(self, color, key=None):
+        """weft_comm_split, collective: the ranks of one color (>= 0) form
+        a new Comm, ordered by key (default: this rank), then rank; a
+        negative color gives None. This Comm stays usable."""
+        color = as_c_int(color, "split: color")
+        key = as_c_int(self._rank if key is None else key, "split: key")
+        return self._make("split", lib.optional("weft_comm_split"),
+                          (color, key))
+
+    def origin_rank(self, rank):
+        """weft_comm_origin_rank: the rank member rank had in the Comm that
+        weft.init() or init_config() made, which this one was shrunk or
+        split from."""
+        fn = lib.optional("weft_comm_origin_rank")
+        rank = as_c_int(rank, "origin_rank: rank")
+        with self._life_lock:
+            if self._h is None:
+                raise InvalidArgument("%r is closed" % self)
+            r = fn(self._h, rank)
+        if r < 0:
+            raise InvalidArgument("origin_rank: rank %d is not a rank of "
+                                  "this communicator" % rank)
+        return r
+
     def set_timeout(self, timeout_ms):
         """Per-operation deadline of later calls, in milliseconds (> 0)."""
         self._call(lib.weft_set_timeout,

@@ -106,6 +106,9 @@ _OPTIONAL = {
     "weft_init_config": (_c_int, [_vpp, ctypes.POINTER(Config)]),
     "weft_info": (ctypes.c_char_p, [_vp]),
     "weft_peer_wires": (_c_int, [_vp, _c_int, ctypes.POINTER(WireInfo)]),
+    "weft_comm_shrink": (_c_int, [_vp, _vpp]),
+    "weft_comm_split": (_c_int, [_vp, _c_int, _c_int, _vpp]),
+    "weft_comm_origin_rank": (_c_int, [_vp, _c_int]),
 }
 
 

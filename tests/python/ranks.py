@@ -436,6 +436,43 @@ def case_timeout(comm):
     return comm
 
 
+def case_shrink(comm):
+    """The last rank dies; the survivors shrink, check the new Comm's ranks
+    and origin ranks, reduce on it, and split it by parity."""
+    r, n = comm.rank, comm.size
+    comm.set_timeout(2000)
+    comm.barrier()
+    if r == n - 1:
+        os._exit(0)      # no finalize: its sockets just close
+    try:
+        comm.all_reduce(np.ones(1024, np.float32))
+        raise AssertionError("all_reduce succeeded without a rank")
+    except (weft.PeerError, weft.TimeoutError):
+        pass
+    s = comm.shrink()
+    assert (s.rank, s.size) == (r, n - 1), s
+    assert [s.origin_rank(i) for i in range(s.size)] == list(range(n - 1))
+    x = np.full(1000, r + 1, np.int64)
+    s.all_reduce(x)
+    assert (x == sum(range(1, n))).all(), x[:4]
+    try:
+        comm.barrier()
+        raise AssertionError("the shrunk Comm still works")
+    except weft.AbortedError:
+        pass
+    half = s.split(r % 2, key=-r)
+    mine = [q for q in range(n - 1) if q % 2 == r % 2][::-1]
+    assert half.size == len(mine) and half.rank == mine.index(r), half
+    assert [half.origin_rank(i) for i in range(half.size)] == mine
+    y = np.array([r], np.int32)
+    half.all_reduce(y)
+    assert y[0] == sum(mine), y
+    assert s.split(-1) is None
+    half.close()
+    s.close()
+    print("after shrink: %d of %d" % (s.size, n))
+
+
 def case_dead(comm, blocking):
     """A rank that dies: the survivors get weft.PeerError or
     weft.TimeoutError within twice the deadline, then AbortedError."""
@@ -699,6 +736,8 @@ def main():
         comm = case_timeout(comm)
     elif case == "dead":
         case_dead(comm, True)
+    elif case == "shrink":
+        case_shrink(comm)
     elif case == "dead-nb":
         case_dead(comm, False)
     elif case == "callbacks":

@@ -43,6 +43,11 @@ def test_dead_peer_nonblocking(ranks):
     assert out.count("after ") == 2, out
 
 
+def test_shrink_after_a_dead_rank(ranks):
+    out = ranks(4, "shrink", ok_ranks=3)
+    assert out.count("after shrink: 3 of 4") == 3, out
+
+
 def test_callbacks_and_dropped_requests(ranks):
     ranks(2, "callbacks")
 
