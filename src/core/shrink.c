@@ -47,7 +47,10 @@
 
 #define MSG_MAGIC 0x7766736bu /* "wfsk" */
 #define HDR_BYTES 24
-#define RETRY_MS 20 /* between tries of a leader that does not listen yet */
+/* Between tries of a leader that does not listen yet: from 1 ms,
+ * doubling up to 20 (it is usually a moment behind: still in the call
+ * that failed). */
+#define RETRY_MS 20
 
 enum { M_JOIN = 1, M_WELCOME, M_DECIDE, M_ACK, M_COMMIT };
 
@@ -452,7 +455,7 @@ static int follow(agree *a, int L, uint8_t *set)
             break;
         }
         if (attempt++ > 0)
-            usleep(RETRY_MS * 1000);
+            usleep((attempt < 6 ? 1u << (attempt - 1) : RETRY_MS) * 1000);
         l.fd = dial(addrs[attempt % (naddr > 0 ? naddr : 1)], port);
         if (naddr == 0 || l.fd < 0)
             continue;
