@@ -418,8 +418,9 @@ static int rooted_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
-static void run_job(int nranks, enum mp_layout layout, const char *topology,
-                    const char *shm)
+static void run_job_algo(int nranks, enum mp_layout layout,
+                         const char *topology, const char *shm,
+                         const char *algo)
 {
     struct mp_opts o = {
         .nranks = nranks,
@@ -435,10 +436,38 @@ static void run_job(int nranks, enum mp_layout layout, const char *topology,
     /* Small frames and both ring directions at modest counts. */
     setenv("WEFT_FRAME_BYTES", "16384", 1);
     setenv("WEFT_BIDIR_MIN_BYTES", "16384", 1);
+    if (algo != NULL)
+        setenv("WEFT_ALGO", algo, 1);
+    else
+        unsetenv("WEFT_ALGO");
     cr_assert_eq(mp_run(&o, rooted_rank, NULL, &res), 0,
                  "could not set up the job");
-    cr_assert(mp_all_passed(&res), "%d ranks, topology %s, WEFT_SHM=%s: %s",
-              nranks, topology, shm, mp_describe(&res, buf, sizeof buf));
+    cr_assert(mp_all_passed(&res),
+              "%d ranks, topology %s, WEFT_SHM=%s, WEFT_ALGO %s: %s", nranks,
+              topology, shm, algo != NULL ? algo : "unset",
+              mp_describe(&res, buf, sizeof buf));
+}
+
+static void run_job(int nranks, enum mp_layout layout, const char *topology,
+                    const char *shm)
+{
+    run_job_algo(nranks, layout, topology, shm, NULL);
+}
+
+/* The ring's algorithms where every pair is wired, at every size. */
+Test(rooted, shm_ring_algos_ranks4, .timeout = 120)
+{
+    run_job_algo(4, MP_LAYOUT_ONE_HOST, "auto", "1",
+                 "reduce:0-=ring;gather:0-=ring;scatter:0-=ring;"
+                 "all_to_all:0-=ring;all_to_allv:0-=ring");
+}
+
+/* The mesh's reduce at every size (chunks of no element where count <
+ * ranks), and the gather to the root at every size. */
+Test(rooted, tcp_mesh_reduce_algos_ranks5, .timeout = 120)
+{
+    run_job_algo(5, MP_LAYOUT_MESH, "mesh", "0", "reduce:0-=mesh");
+    run_job_algo(5, MP_LAYOUT_MESH, "mesh", "0", "reduce:0-=gather");
 }
 
 Test(rooted, one_rank, .timeout = 60)
@@ -515,11 +544,14 @@ static int mismatch_rank(int rank, int nranks, void *arg)
         break;
     }
     weft_finalize(c);
+    ((volatile int *)mp_shm())[rank] = rc;
     if (rc == WEFT_OK)
         FAIL("mismatched call %d returned WEFT_OK", kind);
     /* all_to_allv: every rank sees the same counts, so all say so. The
-     * others: the ranks that meet the difference. */
-    if (rc != WEFT_EMISMATCH && (kind == MM_V || rank <= 1))
+     * others: a rank that meets the difference says so, one whose peer
+     * left on finding it may see the peer gone (the parent checks that
+     * some rank said WEFT_EMISMATCH). */
+    if (rc != WEFT_EMISMATCH && kind == MM_V)
         FAIL("mismatched call %d: %s, want WEFT_EMISMATCH", kind,
              weft_err_name(rc));
     return 0;
@@ -540,6 +572,11 @@ static void run_mismatch(int kind, int nranks, const char *topology)
     cr_assert_eq(mp_run(&o, mismatch_rank, &kind, &res), 0);
     cr_assert(mp_all_passed(&res), "mismatch %d, %s: %s", kind, topology,
               mp_describe(&res, buf, sizeof buf));
+    int said = 0;
+    for (int r = 0; r < nranks; r++)
+        said |= ((volatile int *)mp_shm())[r] == WEFT_EMISMATCH;
+    cr_assert(said, "mismatch %d, %s: no rank returned WEFT_EMISMATCH", kind,
+              topology);
 }
 
 Test(rooted, mismatch_root_mesh, .timeout = 60)
