@@ -385,6 +385,68 @@ typedef void (*weft_callback)(weft_request *req, int result, void *arg);
 WEFT_EXPORT int weft_request_on_complete(weft_request *req, weft_callback cb,
                                          void *arg);
 
+/* ---- The rooted collectives and the all-to-alls ----
+ * The same contract as the operations above: every rank calls them in the
+ * same order with the same count, dtype, op and root (a rank whose call
+ * differs gets WEFT_EMISMATCH, or its deadline, never another call's
+ * data); one deadline per call; count 0 completes at once; buffers are
+ * borrowed until completion (all_to_allv's counts and displacements
+ * too). A root out of [0, size), a NULL buffer that the rank needs with
+ * count > 0, counts that overflow and buffers that overlap other than in
+ * the in-place forms below are WEFT_EINVAL, nothing sent. */
+
+/* The reduction of every rank's count elements of sendbuf lands in the
+ * root's recvbuf (recvbuf is ignored, and may be NULL, elsewhere). In
+ * place: sendbuf == recvbuf on the root. */
+WEFT_EXPORT int weft_reduce(weft_comm *c, const void *sendbuf, void *recvbuf,
+                            size_t count, weft_dtype dtype, weft_redop op,
+                            int root);
+/* Rank r's count elements of sendbuf land at r*count of the root's
+ * recvbuf (size*count elements; ignored, and may be NULL, elsewhere). In
+ * place: sendbuf == recvbuf + root*count elements on the root. */
+WEFT_EXPORT int weft_gather(weft_comm *c, const void *sendbuf, void *recvbuf,
+                            size_t count, weft_dtype dtype, int root);
+/* Block r (count elements at r*count) of the root's sendbuf (size*count
+ * elements; ignored, and may be NULL, elsewhere) lands in rank r's
+ * recvbuf. In place: recvbuf == sendbuf + root*count elements on the
+ * root. */
+WEFT_EXPORT int weft_scatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                             size_t count, weft_dtype dtype, int root);
+/* Block p of sendbuf (count elements at p*count) goes to rank p, and rank
+ * p's block for this rank lands at p*count of recvbuf; both buffers hold
+ * size*count elements. In place: sendbuf == recvbuf. */
+WEFT_EXPORT int weft_all_to_all(weft_comm *c, const void *sendbuf,
+                                void *recvbuf, size_t count, weft_dtype dtype);
+/* sendcounts[p] elements at sdispls[p] of sendbuf go to rank p;
+ * recvcounts[p] elements from rank p land at rdispls[p] of recvbuf (all
+ * in elements, size entries each). Rank i's sendcounts[j] must be rank
+ * j's recvcounts[i]: a pair whose counts differ fails the call with
+ * WEFT_EMISMATCH on every rank (a rank's own pair differing is
+ * WEFT_EINVAL). The buffers must not overlap (no in-place form). */
+WEFT_EXPORT int weft_all_to_allv(weft_comm *c, const void *sendbuf,
+                                 const size_t *sendcounts,
+                                 const size_t *sdispls, void *recvbuf,
+                                 const size_t *recvcounts,
+                                 const size_t *rdispls, weft_dtype dtype);
+WEFT_EXPORT int weft_ireduce(weft_comm *c, const void *sendbuf, void *recvbuf,
+                             size_t count, weft_dtype dtype, weft_redop op,
+                             int root, weft_request **req);
+WEFT_EXPORT int weft_igather(weft_comm *c, const void *sendbuf, void *recvbuf,
+                             size_t count, weft_dtype dtype, int root,
+                             weft_request **req);
+WEFT_EXPORT int weft_iscatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                              size_t count, weft_dtype dtype, int root,
+                              weft_request **req);
+WEFT_EXPORT int weft_iall_to_all(weft_comm *c, const void *sendbuf,
+                                 void *recvbuf, size_t count, weft_dtype dtype,
+                                 weft_request **req);
+WEFT_EXPORT int weft_iall_to_allv(weft_comm *c, const void *sendbuf,
+                                  const size_t *sendcounts,
+                                  const size_t *sdispls, void *recvbuf,
+                                  const size_t *recvcounts,
+                                  const size_t *rdispls, weft_dtype dtype,
+                                  weft_request **req);
+
 #ifdef __cplusplus
 }
 #endif

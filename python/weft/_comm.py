@@ -32,6 +32,7 @@ import ctypes
 import itertools
 import logging
 import mmap
+import operator
 import os
 import signal
 import threading
@@ -1089,13 +1090,222 @@ class Comm:
     def ibarrier(self):
         return self._post(lib.weft_ibarrier, (), (), None, "barrier")
 
+    # -- the rooted collectives and the all-to-alls: argument sets --
+
+    def _root(self, root, what):
+        root = as_c_int(root, what + ": root")
+        if not 0 <= root < self._size:
+            raise InvalidArgument("%s: root %d out of range [0, %d)" %
+                                  (what, root, self._size))
+        return root
+
+    def _reduce_args(self, sendbuf, recvbuf, op, root, dtype):
+        op = as_op(op, "reduce: op")
+        root = self._root(root, "reduce")
+        s = Buf(sendbuf, "reduce sendbuf", recvbuf is None and
+                root == self._rank, dtype)
+        if root != self._rank:
+            # Only the root receives: recvbuf is not looked at elsewhere.
+            return (s.ptr, None, s.count, s.dtype, op, root), (s,), None
+        if recvbuf is None:     # in place on the root
+            return (s.ptr, s.ptr, s.count, s.dtype, op, root), (s,), sendbuf
+        r = Buf(recvbuf, "reduce recvbuf", True, dtype)
+        same_dtype(s, r, "reduce")
+        if r.count != s.count:
+            raise InvalidArgument(
+                "reduce: recvbuf holds %d elements, sendbuf %d; they must "
+                "match" % (r.count, s.count))
+        return (s.ptr, r.ptr, s.count, s.dtype, op, root), (s, r), recvbuf
+
+    def _gather_args(self, sendbuf, recvbuf, root, dtype):
+        root = self._root(root, "gather")
+        s = Buf(sendbuf, "gather sendbuf", False, dtype)
+        if root != self._rank:
+            return (s.ptr, None, s.count, s.dtype, root), (s,), None
+        if recvbuf is None:
+            raise InvalidArgument("gather: the root (rank %d) needs a "
+                                  "recvbuf of size*count elements" % root)
+        r = Buf(recvbuf, "gather recvbuf", True, dtype)
+        same_dtype(s, r, "gather")
+        if r.count != self._size * s.count:
+            raise InvalidArgument(
+                "gather: recvbuf holds %d elements but must hold "
+                "size*count = %d*%d = %d" %
+                (r.count, self._size, s.count, self._size * s.count))
+        return (s.ptr, r.ptr, s.count, s.dtype, root), (s, r), recvbuf
+
+    def _scatter_args(self, sendbuf, recvbuf, root, dtype):
+        root = self._root(root, "scatter")
+        r = Buf(recvbuf, "scatter recvbuf", True, dtype)
+        if root != self._rank:
+            return (None, r.ptr, r.count, r.dtype, root), (r,), recvbuf
+        if sendbuf is None:
+            raise InvalidArgument("scatter: the root (rank %d) needs a "
+                                  "sendbuf of size*count elements" % root)
+        s = Buf(sendbuf, "scatter sendbuf", False, dtype)
+        same_dtype(s, r, "scatter")
+        if s.count != self._size * r.count:
+            raise InvalidArgument(
+                "scatter: sendbuf holds %d elements but must hold "
+                "size*count = %d*%d = %d" %
+                (s.count, self._size, r.count, self._size * r.count))
+        return (s.ptr, r.ptr, r.count, r.dtype, root), (s, r), recvbuf
+
+    def _all_to_all_args(self, sendbuf, recvbuf, dtype):
+        if recvbuf is None:
+            b = Buf(sendbuf, "all_to_all buffer (in place)", True, dtype)
+            count = self._blocks(b, "all_to_all buffer (in place)")
+            return (b.ptr, b.ptr, count, b.dtype), (b,), sendbuf
+        s = Buf(sendbuf, "all_to_all sendbuf", False, dtype)
+        r = Buf(recvbuf, "all_to_all recvbuf", True, dtype)
+        same_dtype(s, r, "all_to_all")
+        if r.count != s.count:
+            raise InvalidArgument(
+                "all_to_all: recvbuf holds %d elements, sendbuf %d; they "
+                "must match" % (r.count, s.count))
+        count = self._blocks(s, "all_to_all sendbuf")
+        return (s.ptr, r.ptr, count, s.dtype), (s, r), recvbuf
+
+    def _v_counts(self, counts, displs, buf, what):
+        """counts and displs (None: packed in rank order) as C arrays of
+        size_t, each block checked to lie within buf."""
+        n = self._size
+        counts = list(counts)
+        if len(counts) != n:
+            raise InvalidArgument("all_to_allv: %s has %d entries, not one "
+                                  "per rank (%d)" % (what, len(counts), n))
+        counts = [as_c_size(c, "all_to_allv: " + what) for c in counts]
+        if displs is None:
+            displs = list(itertools.accumulate([0] + counts[:-1]))
+        else:
+            displs = list(displs)
+            if len(displs) != n:
+                raise InvalidArgument(
+                    "all_to_allv: the displacements of %s have %d entries, "
+                    "not %d" % (what, len(displs), n))
+            displs = [as_c_size(d, "all_to_allv: displacement") for d in
+                      displs]
+        for p in range(n):
+            if counts[p] and displs[p] + counts[p] > buf.count:
+                raise InvalidArgument(
+                    "all_to_allv: %s[%d] = %d elements at %d pass the end "
+                    "of its buffer (%d elements)" %
+                    (what, p, counts[p], displs[p], buf.count))
+        return (ctypes.c_size_t * n)(*counts), (ctypes.c_size_t * n)(*displs)
+
+    def _all_to_allv_args(self, sendbuf, sendcounts, recvbuf, recvcounts,
+                          sdispls, rdispls, dtype):
+        s = Buf(sendbuf, "all_to_allv sendbuf", False, dtype)
+        r = Buf(recvbuf, "all_to_allv recvbuf", True, dtype)
+        same_dtype(s, r, "all_to_allv")
+        sc, sd = self._v_counts(sendcounts, sdispls, s, "sendcounts")
+        rc, rd = self._v_counts(recvcounts, rdispls, r, "recvcounts")
+        return ((s.ptr, sc, sd, r.ptr, rc, rd, s.dtype),
+                (s, r, sc, sd, rc, rd), recvbuf)
+
+    # -- the rooted collectives and the all-to-alls --
+
+    def reduce(self, sendbuf, recvbuf=None, op=Op.SUM, root=0, *,
+               dtype=None):
+        """Reduces sendbuf over the ranks into the root's recvbuf (None on
+        the root: in place, into sendbuf; ignored elsewhere); returns the
+        result on the root, None elsewhere."""
+        args, keep, result = self._reduce_args(sendbuf, recvbuf, op, root,
+                                               dtype)
+        self._call(lib.weft_reduce, args)
+        return result
+
+    def gather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
+        """Gathers every rank's sendbuf into the root's recvbuf (size*count
+        elements, rank r's at r*count; ignored elsewhere); returns it on
+        the root, None elsewhere."""
+        args, keep, result = self._gather_args(sendbuf, recvbuf, root, dtype)
+        self._call(lib.weft_gather, args)
+        return result
+
+    def scatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+        """Block r of the root's sendbuf (size*count elements; ignored, and
+        may be None, elsewhere) lands in rank r's recvbuf; returns
+        recvbuf."""
+        args, keep, result = self._scatter_args(sendbuf, recvbuf, root,
+                                                dtype)
+        self._call(lib.weft_scatter, args)
+        return result
+
+    def all_to_all(self, sendbuf, recvbuf=None, *, dtype=None):
+        """Block p of sendbuf (size blocks of count elements) goes to rank
+        p, and rank p's block for this rank lands at block p of recvbuf
+        (None: in place, in sendbuf); returns the result."""
+        args, keep, result = self._all_to_all_args(sendbuf, recvbuf, dtype)
+        self._call(lib.weft_all_to_all, args)
+        return result
+
+    def all_to_allv(self, sendbuf, sendcounts, recvbuf, recvcounts,
+                    sdispls=None, rdispls=None, *, dtype=None):
+        """sendcounts[p] elements at sdispls[p] of sendbuf go to rank p, and
+        recvcounts[p] from rank p land at rdispls[p] of recvbuf (in
+        elements; displacements None: blocks packed in rank order). Rank
+        i's sendcounts[j] must be rank j's recvcounts[i]
+        (weft.MismatchError on every rank otherwise). Returns recvbuf."""
+        args, keep, result = self._all_to_allv_args(
+            sendbuf, sendcounts, recvbuf, recvcounts, sdispls, rdispls, dtype)
+        self._call(lib.weft_all_to_allv, args)
+        return result
+
+    def ireduce(self, sendbuf, recvbuf=None, op=Op.SUM, root=0, *,
+                dtype=None):
+        return self._post(lib.weft_ireduce,
+                          *self._reduce_args(sendbuf, recvbuf, op, root,
+                                             dtype), "reduce")
+
+    def igather(self, sendbuf, recvbuf=None, root=0, *, dtype=None):
+        return self._post(lib.weft_igather,
+                          *self._gather_args(sendbuf, recvbuf, root, dtype),
+                          "gather")
+
+    def iscatter(self, sendbuf, recvbuf, root=0, *, dtype=None):
+        return self._post(lib.weft_iscatter,
+                          *self._scatter_args(sendbuf, recvbuf, root, dtype),
+                          "scatter")
+
+    def iall_to_all(self, sendbuf, recvbuf=None, *, dtype=None):
+        return self._post(lib.weft_iall_to_all,
+                          *self._all_to_all_args(sendbuf, recvbuf, dtype),
+                          "all_to_all")
+
+    def iall_to_allv(self, sendbuf, sendcounts, recvbuf, recvcounts,
+                     sdispls=None, rdispls=None, *, dtype=None):
+        return self._post(lib.weft_iall_to_allv,
+                          *self._all_to_allv_args(sendbuf, sendcounts,
+                                                  recvbuf, recvcounts,
+                                                  sdispls, rdispls, dtype),
+                          "all_to_allv")
+
 
 # Non-blocking forms share their blocking form's documentation.
 for _name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
-              "send", "recv", "sendrecv", "barrier"):
+              "send", "recv", "sendrecv", "barrier", "reduce", "gather",
+              "scatter", "all_to_all", "all_to_allv"):
     getattr(Comm, "i" + _name).__doc__ = (
         "Posts %s and returns a Request at once (its buffers are weft's "
         "until it completes).\n\n" % _name + getattr(Comm, _name).__doc__)
+
+
+def as_c_size(value, what):
+    """value as a Python int that a C size_t holds (a count or a
+    displacement), for the argument named what."""
+    if type(value) is not int:
+        if isinstance(value, bool):
+            raise InvalidArgument("%s must be an integer, not a bool" % what)
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise InvalidArgument("%s must be an integer, not %r" %
+                                  (what, value)) from None
+    if not 0 <= value < 1 << 62:
+        raise InvalidArgument("%s: %d is not a count (0 or more)" %
+                              (what, value))
+    return value
 
 
 def init():

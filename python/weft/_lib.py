@@ -95,6 +95,23 @@ _PROTOS = {
     "weft_wait_all": (_c_int, [_vpp, _c_size]),
     "weft_request_free": (_c_int, [_vp]),
     "weft_request_on_complete": (_c_int, [_vp, CALLBACK, _vp]),
+    # The rooted collectives and the all-to-alls.
+    "weft_reduce": (_c_int,
+                    [_vp, _vp, _vp, _c_size, _c_int, _c_int, _c_int]),
+    "weft_gather": (_c_int, [_vp, _vp, _vp, _c_size, _c_int, _c_int]),
+    "weft_scatter": (_c_int, [_vp, _vp, _vp, _c_size, _c_int, _c_int]),
+    "weft_all_to_all": (_c_int, [_vp, _vp, _vp, _c_size, _c_int]),
+    "weft_all_to_allv": (_c_int, [_vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                  _c_int]),
+    "weft_ireduce": (_c_int,
+                     [_vp, _vp, _vp, _c_size, _c_int, _c_int, _c_int, _vpp]),
+    "weft_igather": (_c_int,
+                     [_vp, _vp, _vp, _c_size, _c_int, _c_int, _vpp]),
+    "weft_iscatter": (_c_int,
+                      [_vp, _vp, _vp, _c_size, _c_int, _c_int, _vpp]),
+    "weft_iall_to_all": (_c_int, [_vp, _vp, _vp, _c_size, _c_int, _vpp]),
+    "weft_iall_to_allv": (_c_int, [_vp, _vp, _vp, _vp, _vp, _vp, _vp,
+                                   _c_int, _vpp]),
 }
 
 # Newer than some libweft builds: bound on first use (optional()), so that

@@ -98,6 +98,24 @@ int weft__pull_reduce_scatter(weft__task *t);
 int weft__pull_all_gather(weft__task *t);
 int weft__pull_broadcast(weft__task *t);
 
+/* A small reduce: every input gathered on the root with `gather` (a
+ * gather algorithm) and reduced there in rank order 0..n-1. */
+int weft__gather_reduce_root(weft__task *t, weft__algo_fn gather);
+
+/* The all_to_allv's agreement on its counts (all_to_allv.c): every rank
+ * gathers every rank's send and receive counts with `gather` (an
+ * all_gather algorithm) into t->owned (n rows of 2n uint64: the sends to
+ * each peer, then the receives from each), then runs next, which calls
+ * weft__all_to_allv_check first: WEFT_EMISMATCH on every rank (the call
+ * failed) where some rank's send count to a peer is not that peer's
+ * receive count from it, since every rank sees the same counts. */
+int weft__all_to_allv_counts(weft__task *t, weft__algo_fn gather,
+                             weft__task_fn next);
+int weft__all_to_allv_check(weft__task *t);
+/* The bytes rank `from` sends to rank `to` in t's all_to_all (count
+ * elements each) or all_to_allv (the gathered counts). */
+size_t weft__all_to_all_bytes(const weft__task *t, int from, int to);
+
 /* A barrier: an all_gather (with `gather`) of one byte per rank, so no
  * rank leaves before it has heard from every other. */
 int weft__barrier(weft__task *t, weft__algo_fn gather);

@@ -148,8 +148,14 @@ static int two_buffers(weft_comm *c, const char *name, int kind,
         memmove(recvbuf, sendbuf, count * weft_dtype_size(dtype));
         return DONE_NOW;
     }
-    d->a = (weft__args){sendbuf, recvbuf, count, dtype, has_op ? op : WEFT_SUM,
-                        -1,      -1,      -1};
+    d->a = (weft__args){.sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = has_op ? op : WEFT_SUM,
+                        .root = -1,
+                        .dst = -1,
+                        .src = -1};
     return collective(c, d, kind, kind_name, has_op ? (int)op : -1);
 }
 
@@ -193,7 +199,14 @@ static int broadcast(weft_comm *c, const char *name, void *buf, size_t count,
         return inval(c, "%s: NULL buffer with count %zu", name, count);
     if (count == 0 || c->x.nranks == 1)
         return DONE_NOW;
-    d->a = (weft__args){buf, buf, count, dtype, WEFT_SUM, root, -1, -1};
+    d->a = (weft__args){.sendbuf = buf,
+                        .recvbuf = buf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = WEFT_SUM,
+                        .root = root,
+                        .dst = -1,
+                        .src = -1};
     return collective(c, d, WEFT__OP_BROADCAST, "broadcast", -1);
 }
 
@@ -205,7 +218,14 @@ static int barrier(weft_comm *c, const char *name, weft__opdesc *d)
         return rc;
     if (c->x.nranks == 1)
         return DONE_NOW;
-    d->a = (weft__args){NULL, NULL, 1, WEFT_UINT8, WEFT_SUM, -1, -1, -1};
+    d->a = (weft__args){.sendbuf = NULL,
+                        .recvbuf = NULL,
+                        .count = 1,
+                        .dtype = WEFT_UINT8,
+                        .op = WEFT_SUM,
+                        .root = -1,
+                        .dst = -1,
+                        .src = -1};
     return collective(c, d, WEFT__OP_BARRIER, "barrier", -1);
 }
 
@@ -243,7 +263,14 @@ static int sendrecv(weft_comm *c, const char *name, int halves,
     d->kind = WEFT__OP_P2P;
     d->name = name;
     d->redop = -1;
-    d->a = (weft__args){sendbuf, recvbuf, count, dtype, WEFT_SUM, -1, dst, src};
+    d->a = (weft__args){.sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = WEFT_SUM,
+                        .root = -1,
+                        .dst = dst,
+                        .src = src};
     d->post = weft__sendrecv_post;
     return WEFT_OK;
 }
@@ -422,4 +449,317 @@ int weft_ibarrier(weft_comm *c, weft_request **req)
 
     CHECK_REQ(c, req, "ibarrier");
     return post(c, barrier(c, "ibarrier", &d), &d, req);
+}
+
+/* ---- the rooted collectives and the all-to-alls ---- */
+
+/* Whether [a, a + alen) and [b, b + blen) share a byte. */
+static int spans_overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+
+    return alen > 0 && blen > 0 && x < y + blen && y < x + alen;
+}
+
+/* reduce, gather and scatter: the checks they share. big is the buffer
+ * of n blocks on the root (gather's recvbuf, scatter's sendbuf; NULL for
+ * reduce), small the rank's own block; on the root they may overlap only
+ * as one buffer (reduce) or with small at the root's block of big. */
+static int rooted(weft_comm *c, const char *name, int kind,
+                  const char *kind_name, const void *sendbuf, void *recvbuf,
+                  size_t count, weft_dtype dtype, int has_op, weft_redop op,
+                  int root, weft__opdesc *d)
+{
+    const int n = c->x.nranks, me = c->x.rank;
+    const size_t mult = kind == WEFT__OP_REDUCE ? 1 : (size_t)n;
+    /* What a rank needs: every rank its own block (reduce and gather
+     * send it, scatter receives it), the root the other buffer. */
+    const int own_is_send = kind != WEFT__OP_SCATTER;
+    const void *own = own_is_send ? sendbuf : recvbuf;
+    const void *other = own_is_send ? (const void *)recvbuf : sendbuf;
+    size_t bytes;
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, mult)) != 0)
+        return rc;
+    if (has_op && !weft__op_valid((int)op))
+        return inval(c, "%s: unknown op %d", name, (int)op);
+    if (root < 0 || root >= n)
+        return inval(c, "%s: root %d out of range [0, %d)", name, root, n);
+    if (count > 0 && own == NULL)
+        return inval(c, "%s: NULL %s with count %zu", name,
+                     own_is_send ? "sendbuf" : "recvbuf", count);
+    if (count > 0 && me == root && other == NULL)
+        return inval(c, "%s: NULL %s on the root with count %zu", name,
+                     own_is_send ? "recvbuf" : "sendbuf", count);
+    if (count == 0)
+        return DONE_NOW;
+    bytes = count * weft_dtype_size(dtype);
+    if (me == root && spans_overlap(own, bytes, other, bytes * mult) &&
+        !(kind == WEFT__OP_REDUCE && own == other) &&
+        !(kind != WEFT__OP_REDUCE &&
+          (const char *)own == (const char *)other + (size_t)me * bytes))
+        return inval(c,
+                     "%s: sendbuf and recvbuf overlap, and not in the "
+                     "in-place form (%s)",
+                     name,
+                     kind == WEFT__OP_REDUCE ? "the same buffer"
+                     : kind == WEFT__OP_GATHER
+                         ? "sendbuf at the root's block of recvbuf"
+                         : "recvbuf at the root's block of sendbuf");
+    if (n == 1) {
+        memmove(recvbuf, sendbuf, bytes);
+        return DONE_NOW;
+    }
+    /* The buffers a rank does not use are not the operation's: no
+     * hazard with pending operations on them, none touched. */
+    if (me != root) {
+        if (own_is_send)
+            recvbuf = NULL;
+        else
+            sendbuf = NULL;
+    }
+    d->a = (weft__args){.sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = has_op ? op : WEFT_SUM,
+                        .root = root,
+                        .dst = -1,
+                        .src = -1};
+    return collective(c, d, kind, kind_name, has_op ? (int)op : -1);
+}
+
+static int all_to_all(weft_comm *c, const char *name, const void *sendbuf,
+                      void *recvbuf, size_t count, weft_dtype dtype,
+                      weft__opdesc *d)
+{
+    const size_t n = (size_t)c->x.nranks;
+    size_t nbytes;
+    int rc;
+
+    if ((rc = check(c, name, count, dtype, n)) != 0)
+        return rc;
+    if (count > 0 && (sendbuf == NULL || recvbuf == NULL))
+        return inval(c, "%s: NULL buffer with count %zu", name, count);
+    if (count == 0)
+        return DONE_NOW;
+    nbytes = count * weft_dtype_size(dtype) * n;
+    if (sendbuf != recvbuf && spans_overlap(sendbuf, nbytes, recvbuf, nbytes))
+        return inval(c,
+                     "%s: sendbuf and recvbuf overlap, and not in the "
+                     "in-place form (the same buffer)",
+                     name);
+    if (n == 1) {
+        memmove(recvbuf, sendbuf, nbytes);
+        return DONE_NOW;
+    }
+    d->a = (weft__args){.sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = count,
+                        .dtype = dtype,
+                        .op = WEFT_SUM,
+                        .root = -1,
+                        .dst = -1,
+                        .src = -1};
+    return collective(c, d, WEFT__OP_ALL_TO_ALL, "all_to_all", -1);
+}
+
+/* The bytes from buf that counts and displs reach (0: none), or
+ * SIZE_MAX where they overflow. */
+static size_t v_extent(const size_t *counts, const size_t *displs, int n,
+                       size_t es)
+{
+    size_t end = 0;
+
+    for (int p = 0; p < n; p++) {
+        if (counts[p] == 0)
+            continue;
+        if (displs[p] > SIZE_MAX / es / 2 || counts[p] > SIZE_MAX / es / 2 ||
+            (displs[p] + counts[p]) * es > (SIZE_MAX >> 2))
+            return SIZE_MAX;
+        if ((displs[p] + counts[p]) * es > end)
+            end = (displs[p] + counts[p]) * es;
+    }
+    return end;
+}
+
+static int all_to_allv(weft_comm *c, const char *name, const void *sendbuf,
+                       const size_t *sendcounts, const size_t *sdispls,
+                       void *recvbuf, const size_t *recvcounts,
+                       const size_t *rdispls, weft_dtype dtype, weft__opdesc *d)
+{
+    const int n = c->x.nranks, me = c->x.rank;
+    size_t es, sext, rext;
+    int rc;
+
+    if ((rc = check(c, name, 0, dtype, 1)) != 0)
+        return rc;
+    if (sendcounts == NULL || sdispls == NULL || recvcounts == NULL ||
+        rdispls == NULL)
+        return inval(c, "%s: NULL counts or displacements", name);
+    es = weft_dtype_size(dtype);
+    sext = v_extent(sendcounts, sdispls, n, es);
+    rext = v_extent(recvcounts, rdispls, n, es);
+    if (sext == SIZE_MAX || rext == SIZE_MAX)
+        return inval(c,
+                     "%s: counts and displacements overflow the address "
+                     "space",
+                     name);
+    if ((sext > 0 && sendbuf == NULL) || (rext > 0 && recvbuf == NULL))
+        return inval(c, "%s: NULL buffer with counts > 0", name);
+    if (sendcounts[me] != recvcounts[me])
+        return inval(c,
+                     "%s: this rank sends %zu elements to itself but "
+                     "receives %zu from itself",
+                     name, sendcounts[me], recvcounts[me]);
+    if (spans_overlap(sendbuf, sext, recvbuf, rext))
+        return inval(c,
+                     "%s: sendbuf and recvbuf overlap (all_to_allv has no "
+                     "in-place form)",
+                     name);
+    if (n == 1) {
+        if (sendcounts[0] > 0)
+            memcpy((char *)recvbuf + rdispls[0] * es,
+                   (const char *)sendbuf + sdispls[0] * es, sendcounts[0] * es);
+        return DONE_NOW;
+    }
+    /* Whatever this rank's counts, its peers' may not be zero: the call
+     * always runs, so that a pair whose counts differ fails on both ends.
+     * Its count (what the headers compare) is 0 on every rank. */
+    d->a = (weft__args){.sendbuf = sendbuf,
+                        .recvbuf = recvbuf,
+                        .count = 0,
+                        .dtype = dtype,
+                        .op = WEFT_SUM,
+                        .root = -1,
+                        .dst = -1,
+                        .src = -1};
+    d->a.sendcounts = sendcounts;
+    d->a.sdispls = sdispls;
+    d->a.recvcounts = recvcounts;
+    d->a.rdispls = rdispls;
+    return collective(c, d, WEFT__OP_ALL_TO_ALLV, "all_to_allv", -1);
+}
+
+int weft_reduce(weft_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                weft_dtype dtype, weft_redop op, int root)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    rooted(c, "reduce", WEFT__OP_REDUCE, "reduce", sendbuf,
+                           recvbuf, count, dtype, 1, op, root, &d),
+                    &d);
+}
+
+int weft_gather(weft_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                weft_dtype dtype, int root)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    rooted(c, "gather", WEFT__OP_GATHER, "gather", sendbuf,
+                           recvbuf, count, dtype, 0, WEFT_SUM, root, &d),
+                    &d);
+}
+
+int weft_scatter(weft_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                 weft_dtype dtype, int root)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    rooted(c, "scatter", WEFT__OP_SCATTER, "scatter", sendbuf,
+                           recvbuf, count, dtype, 0, WEFT_SUM, root, &d),
+                    &d);
+}
+
+int weft_all_to_all(weft_comm *c, const void *sendbuf, void *recvbuf,
+                    size_t count, weft_dtype dtype)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(
+        c, all_to_all(c, "all_to_all", sendbuf, recvbuf, count, dtype, &d), &d);
+}
+
+int weft_all_to_allv(weft_comm *c, const void *sendbuf,
+                     const size_t *sendcounts, const size_t *sdispls,
+                     void *recvbuf, const size_t *recvcounts,
+                     const size_t *rdispls, weft_dtype dtype)
+{
+    weft__opdesc d;
+
+    CHECK_COMM(c);
+    return blocking(c,
+                    all_to_allv(c, "all_to_allv", sendbuf, sendcounts, sdispls,
+                                recvbuf, recvcounts, rdispls, dtype, &d),
+                    &d);
+}
+
+int weft_ireduce(weft_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                 weft_dtype dtype, weft_redop op, int root, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "ireduce");
+    return post(c,
+                rooted(c, "ireduce", WEFT__OP_REDUCE, "reduce", sendbuf,
+                       recvbuf, count, dtype, 1, op, root, &d),
+                &d, req);
+}
+
+int weft_igather(weft_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+                 weft_dtype dtype, int root, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "igather");
+    return post(c,
+                rooted(c, "igather", WEFT__OP_GATHER, "gather", sendbuf,
+                       recvbuf, count, dtype, 0, WEFT_SUM, root, &d),
+                &d, req);
+}
+
+int weft_iscatter(weft_comm *c, const void *sendbuf, void *recvbuf,
+                  size_t count, weft_dtype dtype, int root, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "iscatter");
+    return post(c,
+                rooted(c, "iscatter", WEFT__OP_SCATTER, "scatter", sendbuf,
+                       recvbuf, count, dtype, 0, WEFT_SUM, root, &d),
+                &d, req);
+}
+
+int weft_iall_to_all(weft_comm *c, const void *sendbuf, void *recvbuf,
+                     size_t count, weft_dtype dtype, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "iall_to_all");
+    return post(
+        c, all_to_all(c, "iall_to_all", sendbuf, recvbuf, count, dtype, &d), &d,
+        req);
+}
+
+int weft_iall_to_allv(weft_comm *c, const void *sendbuf,
+                      const size_t *sendcounts, const size_t *sdispls,
+                      void *recvbuf, const size_t *recvcounts,
+                      const size_t *rdispls, weft_dtype dtype,
+                      weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "iall_to_allv");
+    return post(c,
+                all_to_allv(c, "iall_to_allv", sendbuf, sendcounts, sdispls,
+                            recvbuf, recvcounts, rdispls, dtype, &d),
+                &d, req);
 }

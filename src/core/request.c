@@ -78,6 +78,18 @@ int weft__sched_init(weft_comm *c)
 
 /* ---- posting ---- */
 
+/* The bytes an all_to_allv reaches from a buffer (its checks passed). */
+static size_t v_extent(const size_t *counts, const size_t *displs, int n,
+                       size_t es)
+{
+    size_t end = 0;
+
+    for (int p = 0; p < n; p++)
+        if (counts[p] > 0 && (displs[p] + counts[p]) * es > end)
+            end = (displs[p] + counts[p]) * es;
+    return end;
+}
+
 /* What r reads and writes, for the hazards between pending requests. */
 static void req_ranges(const weft_comm *c, weft_request *r)
 {
@@ -106,6 +118,23 @@ static void req_ranges(const weft_comm *c, weft_request *r)
     case WEFT__OP_BARRIER:
         rp = wp = NULL;
         break;
+    case WEFT__OP_GATHER: /* recvbuf: the root's only (else NULL) */
+        wr = nb;
+        break;
+    case WEFT__OP_SCATTER: /* sendbuf: the root's only (else NULL) */
+        rd = nb;
+        break;
+    case WEFT__OP_ALL_TO_ALL:
+        rd = wr = nb;
+        break;
+    case WEFT__OP_ALL_TO_ALLV: /* count 0: the extents of the counts */
+        r->rd_lo = (uintptr_t)rp;
+        r->rd_hi = r->rd_lo + v_extent(a->sendcounts, a->sdispls, c->x.nranks,
+                                       weft_dtype_size(a->dtype));
+        r->wr_lo = (uintptr_t)wp;
+        r->wr_hi = r->wr_lo + v_extent(a->recvcounts, a->rdispls, c->x.nranks,
+                                       weft_dtype_size(a->dtype));
+        return;
     default:
         break;
     }

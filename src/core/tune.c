@@ -34,6 +34,11 @@ static const struct {
     {WEFT__OP_REDUCE_SCATTER, "reduce_scatter"},
     {WEFT__OP_BROADCAST, "broadcast"},
     {WEFT__OP_BARRIER, "barrier"},
+    {WEFT__OP_REDUCE, "reduce"},
+    {WEFT__OP_GATHER, "gather"},
+    {WEFT__OP_SCATTER, "scatter"},
+    {WEFT__OP_ALL_TO_ALL, "all_to_all"},
+    {WEFT__OP_ALL_TO_ALLV, "all_to_allv"},
 };
 #define NOPS (sizeof ops / sizeof ops[0])
 
@@ -72,6 +77,11 @@ static int pow2(int n)
 /* Whether algorithm a implements operation op at all. */
 static int implements(int a, int op)
 {
+    /* The rooted collectives and the all-to-alls: the mesh's and the
+     * ring's, and the small reduce's gather to the root. */
+    if (op >= WEFT__OP_REDUCE)
+        return a == WEFT__ALGO_MESH || a == WEFT__ALGO_RING ||
+               (a == WEFT__ALGO_GATHER && op == WEFT__OP_REDUCE);
     switch (a) {
     case WEFT__ALGO_BOX:
     case WEFT__ALGO_MESH:
@@ -183,6 +193,16 @@ static int mesh_barrier(weft__task *t)
     return weft__barrier(t, weft__mesh_all_gather);
 }
 
+static int ring_gather_reduce_root(weft__task *t)
+{
+    return weft__gather_reduce_root(t, weft__ring_gather);
+}
+
+static int mesh_gather_reduce_root(weft__task *t)
+{
+    return weft__gather_reduce_root(t, weft__mesh_gather);
+}
+
 /* The function that runs operation kind by algorithm a. */
 static weft__algo_fn algo_fn(int a, int kind, int on)
 {
@@ -206,15 +226,25 @@ static weft__algo_fn algo_fn(int a, int kind, int on)
         [WEFT__OP_ALL_GATHER] = weft__mesh_all_gather,
         [WEFT__OP_REDUCE_SCATTER] = weft__mesh_reduce_scatter,
         [WEFT__OP_BROADCAST] = weft__mesh_broadcast,
-        [WEFT__OP_BARRIER] = mesh_barrier};
+        [WEFT__OP_BARRIER] = mesh_barrier,
+        [WEFT__OP_REDUCE] = weft__mesh_reduce,
+        [WEFT__OP_GATHER] = weft__mesh_gather,
+        [WEFT__OP_SCATTER] = weft__mesh_scatter,
+        [WEFT__OP_ALL_TO_ALL] = weft__mesh_all_to_all,
+        [WEFT__OP_ALL_TO_ALLV] = weft__mesh_all_to_allv};
     static const weft__algo_fn ring[] = {
         [WEFT__OP_ALL_REDUCE] = weft__ring_all_reduce,
         [WEFT__OP_ALL_GATHER] = weft__ring_all_gather,
         [WEFT__OP_REDUCE_SCATTER] = weft__ring_reduce_scatter,
         [WEFT__OP_BROADCAST] = weft__ring_broadcast,
-        [WEFT__OP_BARRIER] = ring_barrier};
+        [WEFT__OP_BARRIER] = ring_barrier,
+        [WEFT__OP_REDUCE] = weft__ring_reduce,
+        [WEFT__OP_GATHER] = weft__ring_gather,
+        [WEFT__OP_SCATTER] = weft__ring_scatter,
+        [WEFT__OP_ALL_TO_ALL] = weft__ring_all_to_all,
+        [WEFT__OP_ALL_TO_ALLV] = weft__ring_all_to_allv};
 
-    if (kind < WEFT__OP_ALL_REDUCE || kind > WEFT__OP_BARRIER ||
+    if (kind < WEFT__OP_ALL_REDUCE || kind >= WEFT__OP_COUNT ||
         kind == WEFT__OP_P2P || !implements(a, kind))
         return NULL;
     switch (a) {
@@ -225,6 +255,9 @@ static weft__algo_fn algo_fn(int a, int kind, int on)
     case WEFT__ALGO_PULL:
         return pull[kind];
     case WEFT__ALGO_GATHER:
+        if (kind == WEFT__OP_REDUCE)
+            return on == WEFT__ON_RING ? ring_gather_reduce_root
+                                       : mesh_gather_reduce_root;
         return on == WEFT__ON_RING ? ring_gather_reduce : mesh_gather_reduce;
     case WEFT__ALGO_DOUBLING:
         return weft__doubling_all_reduce;
@@ -436,6 +469,21 @@ static void defaults(weft__tune *t, const weft__config *cfg,
             WEFT__ALGO_PULL);
     if (env->box != 0)
         add(t, WEFT__OP_BARRIER, 0, NOLIMIT, WEFT__ALGO_BOX);
+    /* reduce: small, every input to the root and reduced there (the
+     * threshold of the small all_reduce's, whose gather it is); larger,
+     * the mesh's reduce-scatter + gather where every pair is wired, else
+     * the ring's chain. gather, scatter and the all-to-alls: where every
+     * pair is wired, every peer at once (the mesh's), even without the
+     * mesh in effect; else along the ring. */
+    add(t, WEFT__OP_REDUCE, 0, PER_RANK(WEFT__SMALL_ALL_REDUCE_BYTES),
+        WEFT__ALGO_GATHER);
+    if (on == WEFT__ON_DIRECT) {
+        add(t, WEFT__OP_REDUCE, 0, NOLIMIT, WEFT__ALGO_MESH);
+        add(t, WEFT__OP_GATHER, 0, NOLIMIT, WEFT__ALGO_MESH);
+        add(t, WEFT__OP_SCATTER, 0, NOLIMIT, WEFT__ALGO_MESH);
+        add(t, WEFT__OP_ALL_TO_ALL, 0, NOLIMIT, WEFT__ALGO_MESH);
+        add(t, WEFT__OP_ALL_TO_ALLV, 0, NOLIMIT, WEFT__ALGO_MESH);
+    }
 #undef PER_RANK
 }
 
@@ -539,7 +587,8 @@ static int apply(weft__tune *t, const weft__config *cfg,
         if ((oi = match_name(&s, ":;", op_names, NOPS, got, sizeof got)) < 0)
             return fail(errmsg, errlen,
                         "unknown operation \"%s\" (all_reduce, all_gather, "
-                        "reduce_scatter, broadcast, barrier)",
+                        "reduce_scatter, broadcast, barrier, reduce, gather, "
+                        "scatter, all_to_all, all_to_allv)",
                         got);
         op = ops[oi].op;
         if (*s++ != ':')

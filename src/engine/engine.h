@@ -120,6 +120,13 @@ enum {
     WEFT__OP_BROADCAST,
     WEFT__OP_P2P,
     WEFT__OP_BARRIER,
+    /* The rooted collectives and the all-to-alls (ring/, mesh/, coll/). */
+    WEFT__OP_REDUCE,
+    WEFT__OP_GATHER,
+    WEFT__OP_SCATTER,
+    WEFT__OP_ALL_TO_ALL,
+    WEFT__OP_ALL_TO_ALLV,
+    WEFT__OP_COUNT /* one past the last kind */
 };
 
 typedef struct {

@@ -94,7 +94,8 @@ static void hdr_describe(const ophdr *h, char *out, size_t len)
 {
     static const char *kinds[] = {
         "?",         "all_reduce", "all_gather", "reduce_scatter",
-        "broadcast", "send/recv",  "barrier"};
+        "broadcast", "send/recv",  "barrier",    "reduce",
+        "gather",    "scatter",    "all_to_all", "all_to_allv"};
     static const char *dtypes[] = {"int8",    "uint8",  "int32",   "uint32",
                                    "int64",   "uint64", "float16", "bfloat16",
                                    "float32", "float64"};
@@ -108,7 +109,8 @@ static void hdr_describe(const ophdr *h, char *out, size_t len)
     if (h->root >= 0)
         snprintf(extra + n, sizeof extra - n, ", root %d", (int)h->root);
     snprintf(out, len, "%s(count %llu, %s%s) #%llu",
-             h->kind < 7 ? kinds[h->kind] : "?", (unsigned long long)h->count,
+             h->kind < sizeof kinds / sizeof kinds[0] ? kinds[h->kind] : "?",
+             (unsigned long long)h->count,
              h->dtype < 10 ? dtypes[h->dtype] : "?", extra,
              (unsigned long long)h->seq);
 }

@@ -20,6 +20,10 @@ typedef struct weft__args {
     weft_redop op;
     int root;
     int dst, src; /* point to point: the peers (-1: that half is out) */
+    /* all_to_allv: per peer, the elements sent to it and received from
+     * it, and where they start in sendbuf and recvbuf (elements; borrowed
+     * from the caller as the buffers are); NULL for every other call. */
+    const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } weft__args;
 
 typedef struct weft__task weft__task;

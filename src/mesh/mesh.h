@@ -41,6 +41,20 @@ int weft__mesh_reduce_scatter(weft__task *t);
  * links carry the buffer about once instead of n-1 times. */
 int weft__mesh_broadcast(weft__task *t);
 
+/* The rooted collectives and the all-to-alls, every pair at once (mesh/
+ * reduce.c, gather.c, scatter.c, all_to_all.c):
+ * - reduce: the direct reduce-scatter above (member p reduces chunk p of
+ *   every input in rank order), then each chunk to the root;
+ * - gather: every rank's block to the root, all lanes in flight at once;
+ * - scatter: block p from the root to rank p, all at once;
+ * - all_to_all, all_to_allv (once coll/all_to_allv.c has checked the
+ *   counts): one exchange, a lane per peer. */
+int weft__mesh_reduce(weft__task *t);
+int weft__mesh_gather(weft__task *t);
+int weft__mesh_scatter(weft__task *t);
+int weft__mesh_all_to_all(weft__task *t);
+int weft__mesh_all_to_allv(weft__task *t);
+
 /* ---- shared by the mesh's files (exchange.c) ---- */
 
 /* What this rank sends to and receives from one peer in an exchange. A

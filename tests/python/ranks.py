@@ -725,6 +725,90 @@ def case_sigint_job(comm):
               flush=True)
 
 
+def case_rooted(comm):
+    """reduce, gather, scatter, all_to_all, all_to_allv, blocking then
+    non-blocking, every root, against numpy; then their argument checks."""
+    r, n = comm.rank, comm.size
+    for blocking in (True, False):
+        t = Runner(comm, blocking)
+        for i, (dt, op, count) in enumerate(
+                [(np.int32, weft.SUM, 0), (np.float32, weft.PROD, 7),
+                 ("bf16", weft.MAX, 1001), (np.uint8, weft.MIN, BIG // 4)]):
+            for root in range(n):
+                seed = i * 16 + root
+                label = "reduce %s %s count %d root %d" % (dt, op.name,
+                                                           count, root)
+                send = make(r, count, dt, seed)
+                if r == root:
+                    recv = garbage(count, dt)
+                    t.call("reduce", send, recv, op, root, result=recv,
+                           **kw(dt))
+                    t.expect(label, recv, reduce_ref(
+                        [make(q, count, dt, seed) for q in range(n)], op, dt))
+                else:
+                    t.call("reduce", send, None, op, root, result=None,
+                           **kw(dt))
+                label = "gather %s count %d root %d" % (dt, count, root)
+                if r == root:
+                    g = garbage(n * count, dt)
+                    t.call("gather", send, g, root, result=g, **kw(dt))
+                    t.expect(label, g, np.concatenate(
+                        [make(q, count, dt, seed) for q in range(n)]))
+                else:
+                    t.call("gather", send, root=root, result=None, **kw(dt))
+                label = "scatter %s count %d root %d" % (dt, count, root)
+                full = make(root, n * count, dt, seed)
+                got = garbage(count, dt)
+                t.call("scatter", full if r == root else None, got, root,
+                       result=got, **kw(dt))
+                t.expect(label, got, full[r * count:(r + 1) * count])
+            label = "all_to_all %s count %d" % (dt, count)
+            send = make(r, n * count, dt, i)
+            recv = garbage(n * count, dt)
+            t.call("all_to_all", send, recv, result=recv, **kw(dt))
+            t.expect(label, recv, np.concatenate(
+                [make(q, n * count, dt, i)[r * count:(r + 1) * count]
+                 for q in range(n)]))
+            # all_to_allv: rank q sends (q + p + i) % 3 * count // 3 + p
+            # elements to p, packed.
+            def vc(q, p):
+                return (q + p + i) % 3 * (count // 3) + p
+            sc = [vc(r, p) for p in range(n)]
+            rc = [vc(q, r) for q in range(n)]
+            send = make(r, sum(sc), dt, i)
+            recv = garbage(sum(rc), dt)
+            t.call("all_to_allv", send, sc, recv, rc, result=recv, **kw(dt))
+            want = []
+            for q in range(n):
+                off = sum(vc(q, p) for p in range(r))
+                want.append(make(q, sum(vc(q, p) for p in range(n)), dt,
+                                 i)[off:off + vc(q, r)])
+            t.expect("all_to_allv %s count %d" % (dt, count), recv,
+                     np.concatenate(want))
+        t.finish()
+    # Argument checks, before anything moves; the comm still works.
+    x = np.zeros(4, np.int32)
+    for bad in (lambda: comm.reduce(x, root=n),
+                lambda: comm.igather(x, root=-1),
+                lambda: comm.gather(x, None, root=r),
+                lambda: comm.scatter(None, x, root=r),
+                lambda: comm.scatter(x, x, root=r),
+                lambda: comm.all_to_all(np.zeros(n * 2 + 1, np.int32)),
+                lambda: comm.all_to_allv(x, [1] * (n + 1), x, [1] * n),
+                lambda: comm.all_to_allv(x, [5] * n, x, [0] * n),
+                lambda: comm.iall_to_allv(x, [-1] * n, x, [0] * n)):
+        try:
+            bad()
+        except weft.InvalidArgument:
+            pass
+        else:
+            raise AssertionError("a bad argument was not refused")
+    y = np.full(3, r, np.int64)
+    assert comm.all_to_all(np.repeat(y, n)) is not None
+    z = comm.reduce(y, op=weft.MAX, root=0)
+    assert (r != 0 and z is None) or (z is y and (y == n - 1).all()), y
+
+
 def main():
     case = sys.argv[1]
     comm = weft.init()
@@ -732,6 +816,8 @@ def main():
         case_ops(comm)
     elif case == "errors":
         case_errors(comm)
+    elif case == "rooted":
+        case_rooted(comm)
     elif case == "timeout":
         comm = case_timeout(comm)
     elif case == "dead":

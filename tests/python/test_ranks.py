@@ -22,6 +22,11 @@ def test_every_operation_two_ranks(ranks):
     ranks(2, "ops", timeout=120)
 
 
+def test_rooted_collectives_and_all_to_alls(ranks):
+    # reduce, gather, scatter, all_to_all(v): every root, blocking and not.
+    ranks(3, "rooted", timeout=120)
+
+
 def test_bad_arguments_raise_and_leave_the_comm_usable(ranks):
     ranks(3, "errors")
 
