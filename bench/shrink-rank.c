@@ -111,8 +111,7 @@ int main(int argc, char **argv)
     if (rank == n - 1)
         _exit(0); /* its sockets and segments just close */
     if (weft_all_reduce(c, x, x, 256, WEFT_FLOAT32, WEFT_SUM) == WEFT_OK) {
-        fprintf(stderr, "rank %d: all_reduce succeeded without a rank\n",
-                rank);
+        fprintf(stderr, "rank %d: all_reduce succeeded without a rank\n", rank);
         return 1;
     }
     t0 = now_ms();
