@@ -106,6 +106,12 @@ _OPTIONAL = {
     "weft_init_config": (_c_int, [_vpp, ctypes.POINTER(Config)]),
     "weft_info": (ctypes.c_char_p, [_vp]),
     "weft_peer_wires": (_c_int, [_vp, _c_int, ctypes.POINTER(WireInfo)]),
+    # Tagged point to point and receives from any source.
+    "weft_isend_tag": (_c_int,
+                       [_vp, _vp, _c_size, _c_int, _c_int, _c_int, _vpp]),
+    "weft_irecv_tag": (_c_int,
+                       [_vp, _vp, _c_size, _c_int, _c_int, _c_int, _vpp]),
+    "weft_request_source": (_c_int, [_vp]),
 }
 
 
