@@ -363,6 +363,31 @@ WEFT_EXPORT int weft_isendrecv(weft_comm *c, const void *sendbuf, int dst,
                                weft_dtype dtype, weft_request **req);
 WEFT_EXPORT int weft_ibarrier(weft_comm *c, weft_request **req);
 
+/* Tagged point to point, and receives from any source. A receive takes
+ * the first message of its tag (>= 0; a negative tag is WEFT_EINVAL)
+ * from its peer, whatever other tags came before it: messages of one tag
+ * between one pair match in post order, and a message of another tag
+ * never matches. weft_send and weft_recv are tag 0. The count and dtype
+ * must be the send's (else WEFT_EMISMATCH, nothing written past the
+ * buffer). Count 0 moves nothing and completes at once. A message that
+ * arrives before its receive is posted is held in memory (up to 64 MiB
+ * per communicator on a peer's wires; past that the wire waits for the
+ * receive). peer WEFT_ANY_SOURCE receives the first message of the tag
+ * from whichever rank sends it; several such receives each take another
+ * message, and a receive of the same tag posted after one waits for it
+ * to complete. */
+#define WEFT_ANY_SOURCE (-1)
+WEFT_EXPORT int weft_isend_tag(weft_comm *c, const void *buf, size_t count,
+                               weft_dtype dtype, int peer, int tag,
+                               weft_request **req);
+WEFT_EXPORT int weft_irecv_tag(weft_comm *c, void *buf, size_t count,
+                               weft_dtype dtype, int peer, int tag,
+                               weft_request **req);
+/* The rank a receive's message came from, once it completed with
+ * WEFT_OK and count > 0; -1 for any other request (pending, failed, a
+ * send, a collective, count 0) or NULL. */
+WEFT_EXPORT int weft_request_source(const weft_request *req);
+
 /* Never blocks: *done is 0 while req is pending (returns WEFT_OK), 1 once
  * it completed (returns the operation's result). WEFT_EINVAL for a NULL
  * req or done. May be called again after completion. */

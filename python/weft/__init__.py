@@ -17,8 +17,8 @@ weft_last_error(). The contract is include/weft.h; the README's "Python"
 section is the tour.
 """
 from weft._buffers import DType, Op
-from weft._comm import (Comm, Listener, Request, init, init_config,
-                        strerror, wait_all)
+from weft._comm import (ANY_SOURCE, Comm, Listener, Request, init,
+                        init_config, strerror, wait_all)
 from weft import _errors
 from weft._errors import (AbortedError, AuthError, ConfigError, Error,
                           InvalidArgument, MismatchError, NotSupported,
@@ -56,5 +56,5 @@ __all__ = [
     "BFLOAT16", "FLOAT32", "FLOAT64", "SUM", "PROD", "MIN", "MAX",
     "Error", "InvalidArgument", "OutOfMemory", "ConfigError", "PeerError",
     "MismatchError", "AbortedError", "TransportError", "AuthError",
-    "NotSupported",
+    "NotSupported", "ANY_SOURCE",
 ]

@@ -363,6 +363,9 @@ def pending_orphans():
 
 # ---- requests ----
 
+# A receive's peer: whichever rank sends a message of its tag first.
+ANY_SOURCE = -1
+
 class _ReqState:
     """What a Request owns: the C request, the buffers it pins, and what
     the operation returns. Separate from Request so that a half-made
@@ -383,6 +386,7 @@ class _ReqState:
         self.users = 0
         self.freed = False        # free() was called
         self.callbacks = None     # list, once a callback was registered
+        self.source = None        # a receive's sender, once read
 
     def done(self, rc):
         """Records completion and unpins the buffers (the data is in)."""
@@ -441,7 +445,13 @@ class _ReqState:
                 self.keep = None
                 return
             self.done(rc)
+        self.read_source(h)
         lib.weft_request_free(h)
+
+    def read_source(self, h):
+        """Keeps weft_request_source of the completed C request h."""
+        if self.source is None and self.rc is not None:
+            self.source = lib.optional("weft_request_source")(h)
 
     def error(self):
         return from_code(self.rc, self.comm._message(self.rc))
@@ -484,6 +494,21 @@ class Request:
         if st.rc != 0:
             raise st.error()
         return st.result
+
+    @property
+    def source(self):
+        """The rank a completed receive's message came from (for a
+        receive from weft.ANY_SOURCE, the sender it matched); -1 while
+        pending, for a failed receive, a send or anything else."""
+        st = self._st
+        if st.source is None and st.poll():
+            h = st.use()
+            if h:
+                try:
+                    st.read_source(h)
+                finally:
+                    st.unuse()
+        return -1 if st.source is None else st.source
 
     def wait(self):
         """Blocks until the operation completes; returns its result buffer
@@ -1028,13 +1053,21 @@ class Comm:
         self._call(lib.weft_broadcast, args)
         return result
 
-    def send(self, buf, peer, *, dtype=None):
-        """Sends buf to peer; returns once the data has left buf."""
+    def send(self, buf, peer, *, dtype=None, tag=0):
+        """Sends buf to peer as a message of tag (>= 0); returns once the
+        data has left buf."""
+        if tag != 0:
+            self.isend(buf, peer, dtype=dtype, tag=tag).wait()
+            return
         args, keep, _ = self._send_args(buf, peer, dtype)
         self._call(lib.weft_send, args)
 
-    def recv(self, buf, peer, *, dtype=None):
-        """Receives from peer into buf (its size is the count)."""
+    def recv(self, buf, peer, *, dtype=None, tag=0):
+        """Receives the next message of tag from peer into buf (its size
+        is the count). For peer weft.ANY_SOURCE use irecv, whose request
+        says the sender."""
+        if tag != 0 or peer == ANY_SOURCE:
+            return self.irecv(buf, peer, dtype=dtype, tag=tag).wait()
         args, keep, result = self._recv_args(buf, peer, dtype)
         self._call(lib.weft_recv, args)
         return result
@@ -1073,13 +1106,34 @@ class Comm:
         return self._post(lib.weft_ibroadcast,
                           *self._broadcast_args(buf, root, dtype), "broadcast")
 
-    def isend(self, buf, peer, *, dtype=None):
+    def isend(self, buf, peer, *, dtype=None, tag=0):
+        if tag != 0:
+            return self._post_tag("weft_isend_tag",
+                                  self._send_args(buf, peer, dtype), tag,
+                                  "send")
         return self._post(lib.weft_isend, *self._send_args(buf, peer, dtype),
                           "send")
 
-    def irecv(self, buf, peer, *, dtype=None):
+    def irecv(self, buf, peer, *, dtype=None, tag=0):
+        """Posts a receive of the next message of tag from peer, or from
+        whichever rank sends one first with peer weft.ANY_SOURCE (the
+        request's `source` says which, once complete)."""
+        if tag != 0 or peer == ANY_SOURCE:
+            if peer == ANY_SOURCE:
+                b = Buf(buf, "recv buf", True, dtype)
+                args = ((b.ptr, b.count, b.dtype, ANY_SOURCE), (b,), buf)
+            else:
+                args = self._recv_args(buf, peer, dtype)
+            return self._post_tag("weft_irecv_tag", args, tag, "recv")
         return self._post(lib.weft_irecv, *self._recv_args(buf, peer, dtype),
                           "recv")
+
+    def _post_tag(self, name, args, tag, what):
+        """Posts the tagged form name of a send or receive (args as
+        _send_args or _recv_args give them)."""
+        tag = as_c_int(tag, what + ": tag")
+        a, keep, result = args
+        return self._post(lib.optional(name), a + (tag,), keep, result, what)
 
     def isendrecv(self, sendbuf, dst, recvbuf, src, *, dtype=None):
         return self._post(lib.weft_isendrecv,

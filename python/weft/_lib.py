@@ -126,6 +126,12 @@ _OPTIONAL = {
     "weft_comm_shrink": (_c_int, [_vp, _vpp]),
     "weft_comm_split": (_c_int, [_vp, _c_int, _c_int, _vpp]),
     "weft_comm_origin_rank": (_c_int, [_vp, _c_int]),
+    # Tagged point to point and receives from any source.
+    "weft_isend_tag": (_c_int,
+                       [_vp, _vp, _c_size, _c_int, _c_int, _c_int, _vpp]),
+    "weft_irecv_tag": (_c_int,
+                       [_vp, _vp, _c_size, _c_int, _c_int, _c_int, _vpp]),
+    "weft_request_source": (_c_int, [_vp]),
 }
 
 

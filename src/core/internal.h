@@ -58,6 +58,7 @@ typedef struct weft__opdesc {
     weft__args a; /* a.root: -1 where the call has none */
     weft__algo_fn post;
     int batch; /* consecutive calls may run as one (tune.h) */
+    int tag;   /* point to point: the messages' tag (weft_isend_tag) */
 } weft__opdesc;
 
 /* ---- comm.c ---- */

@@ -272,6 +272,7 @@ static int sendrecv(weft_comm *c, const char *name, int halves,
                         .dst = dst,
                         .src = src};
     d->post = weft__sendrecv_post;
+    d->tag = 0;
     return WEFT_OK;
 }
 
@@ -762,4 +763,56 @@ int weft_iall_to_allv(weft_comm *c, const void *sendbuf,
                 all_to_allv(c, "iall_to_allv", sendbuf, sendcounts, sdispls,
                             recvbuf, recvcounts, rdispls, dtype, &d),
                 &d, req);
+}
+
+/* ---- tagged point to point (and receives from any source) ---- */
+
+/* isend_tag (SEND) and irecv_tag (RECV; peer may be WEFT_ANY_SOURCE):
+ * sendrecv's checks, and the tag's. */
+static int tagged(weft_comm *c, const char *name, int half, const void *sendbuf,
+                  void *recvbuf, size_t count, weft_dtype dtype, int peer,
+                  int tag, weft__opdesc *d)
+{
+    const int any = half == RECV && peer == WEFT_ANY_SOURCE;
+    int rc;
+
+    if (tag < 0 && (rc = check(c, name, count, dtype, 1)) == 0)
+        return inval(c, "%s: tag %d is negative", name, tag);
+    if (any && c->x.nranks == 1 && (rc = check(c, name, count, dtype, 1)) == 0)
+        return inval(c, "%s: WEFT_ANY_SOURCE in a job of one rank", name);
+    rc = half == SEND
+             ? sendrecv(c, name, SEND, sendbuf, peer, NULL, -1, count, dtype, d)
+             : sendrecv(c, name, RECV, NULL, -1, recvbuf,
+                        any ? (c->x.rank + 1) % c->x.nranks : peer, count,
+                        dtype, d);
+    if (rc != WEFT_OK)
+        return rc;
+    d->tag = tag;
+    if (any) {
+        d->a.src = WEFT__SRC_ANY;
+        d->post = weft__recv_any_post;
+    }
+    return WEFT_OK;
+}
+
+int weft_isend_tag(weft_comm *c, const void *buf, size_t count,
+                   weft_dtype dtype, int peer, int tag, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "isend_tag");
+    return post(
+        c, tagged(c, "isend_tag", SEND, buf, NULL, count, dtype, peer, tag, &d),
+        &d, req);
+}
+
+int weft_irecv_tag(weft_comm *c, void *buf, size_t count, weft_dtype dtype,
+                   int peer, int tag, weft_request **req)
+{
+    weft__opdesc d;
+
+    CHECK_REQ(c, req, "irecv_tag");
+    return post(
+        c, tagged(c, "irecv_tag", RECV, NULL, buf, count, dtype, peer, tag, &d),
+        &d, req);
 }

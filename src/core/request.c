@@ -61,7 +61,8 @@ int weft__sched_init(weft_comm *c)
         return WEFT_ENOMEM;
     }
     s->busy = malloc(2 * (size_t)c->x.nranks + 1);
-    s->ps = malloc((2 * (size_t)c->x.nranks + 2) * sizeof *s->ps);
+    s->ps_cap = 2 * (size_t)c->x.nranks + 2;
+    s->ps = malloc(s->ps_cap * sizeof *s->ps);
     if (s->busy == NULL || s->ps == NULL) {
         sched_destroy(s);
         return WEFT_ENOMEM;
@@ -251,6 +252,7 @@ int weft__request_done(weft_comm *c, int rc, weft_request **req)
     r->state = R_DONE;
     atomic_init(&r->done, 1);
     r->result = rc;
+    r->source = -1;
     pthread_mutex_lock(&s->mu);
     s->refs++;
     r->order = ++s->posted;
@@ -439,4 +441,11 @@ int weft_request_on_complete(weft_request *req, weft_callback cb, void *arg)
     pthread_mutex_unlock(&req->s->mu);
     cb(req, result, arg);
     return WEFT_OK;
+}
+
+int weft_request_source(const weft_request *req)
+{
+    if (req == NULL || !atomic_load_explicit(&req->done, memory_order_acquire))
+        return -1;
+    return req->source;
 }

@@ -132,6 +132,7 @@ static int start_op(weft_comm *c, const weft__opdesc *d, int timeout_ms,
     k->timeout_ms = timeout_ms;
     k->hint = batchable ? hint : 0;
     k->parts = parts;
+    k->tag = d->kind == WEFT__OP_P2P ? d->tag : 0;
     weft__task_init(t, &c->x, k, &d->a);
     if ((rc = d->post(t)) != WEFT_OK)
         return rc;
@@ -315,7 +316,13 @@ static int end_req(weft_comm *c, weft_request *r, int rc)
     const uint32_t n = r->nbatch;
     weft_request *last = r;
 
+    /* A receive's source: the peer it named, or the one an any-source
+     * receive found (its task's). */
+    r->source = rc == WEFT_OK && r->d.kind == WEFT__OP_P2P && r->d.a.src != -1
+                    ? r->t.a.src
+                    : -1;
     rc = end_op(c, &r->d, rc, &r->k, &r->t);
+    r->source = rc == WEFT_OK ? r->source : -1;
     if (n > 1) {
         for (uint32_t i = 1; i < n; i++)
             last = last->next;
@@ -422,17 +429,38 @@ void weft__sched_fail_queued(weft__sched *s)
 
 /* ---- choosing what runs (s->mu held) ---- */
 
+/* Whether a receive posted before q, still pending, may take a message
+ * q could take: one of q's tag from the same peer, or either from any
+ * source. q starts only once those ended, so that messages of one tag
+ * between a pair match in post order and no message goes to two
+ * receives (an any-source receive and a specific one, or two any-source
+ * ones). Receives of other tags run beside it. */
+static int recv_blocked(const weft__sched *s, const weft_request *q)
+{
+    const int src = q->d.a.src, tag = q->d.tag;
+
+    if (src == -1)
+        return 0;
+    for (const weft_request *p = s->head; p != q; p = p->next)
+        if (p->d.kind == WEFT__OP_P2P && p->d.a.src != -1 && p->d.tag == tag &&
+            (p->d.a.src == src || src == WEFT__SRC_ANY ||
+             p->d.a.src == WEFT__SRC_ANY))
+            return 1;
+    return 0;
+}
+
 /* Marks the requests that may start now, from the queue in post order,
  * and returns them (linked by start_next), each batch's first with its
  * length and its hint. A collective starts once every earlier one ended;
- * a point-to-point request once every earlier one between the same pair
- * the same way ended (so messages match in post order, on one stream at
- * a time); either only once no earlier pending request touches bytes it
+ * a point-to-point send once every earlier send to the same peer ended (so
+ * messages leave in post order, on one stream at a time), a receive once
+ * every earlier receive that could take its message ended (recv_blocked);
+ * either only once no earlier pending request touches bytes it
  * touches where one of them writes. */
 static weft_request *pick(weft__sched *s, weft_comm *c)
 {
     const int n = c->x.nranks;
-    unsigned char *sbusy = s->busy, *rbusy = s->busy + n;
+    unsigned char *sbusy = s->busy;
     weft_request *first = NULL, **link = &first, *q = s->head;
     int coll_pending = 0;
 
@@ -440,18 +468,16 @@ static weft_request *pick(weft__sched *s, weft_comm *c)
     while (q != NULL) {
         weft_request *next = q->next;
         const int p2p = q->d.kind == WEFT__OP_P2P;
-        const int dst = q->d.a.dst, src = q->d.a.src;
+        const int dst = q->d.a.dst;
         int ok;
 
         if (p2p)
-            ok = (dst < 0 || !sbusy[dst]) && (src < 0 || !rbusy[src]);
+            ok = (dst < 0 || !sbusy[dst]) && !recv_blocked(s, q);
         else
             ok = !coll_pending;
         if (p2p) {
             if (dst >= 0)
                 sbusy[dst] = 1;
-            if (src >= 0)
-                rbusy[src] = 1;
         } else
             coll_pending = 1;
         ok = ok && q->state == R_QUEUED;
@@ -486,6 +512,25 @@ static weft_request *pick(weft__sched *s, weft_comm *c)
 
 /* ---- driving ---- */
 
+/* Makes room in s->ps for a pass of every running request (receives of
+ * different tags from one peer run beside each other, so there may be
+ * more than two per peer). Without memory, the driver waits on the first
+ * ps_cap: the others still progress in the same transport. */
+static void grow_ps(weft__sched *s)
+{
+    size_t n = 0;
+    weft__pass **ps;
+
+    for (const weft_request *r = s->active; r != NULL; r = r->act_next)
+        n++;
+    if (n <= s->ps_cap)
+        return;
+    if ((ps = realloc(s->ps, 2 * n * sizeof *ps)) == NULL)
+        return;
+    s->ps = ps;
+    s->ps_cap = 2 * n;
+}
+
 void weft__sched_drive(weft__sched *s, weft_comm *c, const weft_request *until)
 {
     unsigned seen = atomic_load(&s->kicks);
@@ -509,13 +554,15 @@ void weft__sched_drive(weft__sched *s, weft_comm *c, const weft_request *until)
             r->act_next = s->active;
             s->active = r;
         }
+        grow_ps(s);
         for (r = s->active; r != NULL; r = r->act_next) {
             if (r->rc == WEFT__PENDING)
                 r->rc = weft__task_progress(&r->t);
             if (r->rc != WEFT__PENDING) {
                 ended = 1;
                 failed |= r->rc != WEFT_OK;
-            } else if ((s->ps[np] = weft__task_pass_of(&r->t)) != NULL)
+            } else if ((size_t)np < s->ps_cap &&
+                       (s->ps[np] = weft__task_pass_of(&r->t)) != NULL)
                 np++;
         }
         if (ended)

@@ -39,7 +39,8 @@ typedef struct weft__sched {
      * byte per peer and way for pick()'s scan. */
     weft_request *active;
     unsigned char *busy;
-    weft__pass **ps; /* their passes in flight (at most 2 per peer + 1) */
+    weft__pass **ps; /* their passes in flight (ps_cap of them) */
+    size_t ps_cap;
 } weft__sched;
 
 struct weft_request {
@@ -68,6 +69,9 @@ struct weft_request {
     uint32_t hint;
     int rc;
     weft_request *act_next, *start_next;
+    /* A receive that completed with WEFT_OK: the rank its message came
+     * from (weft_request_source); else -1. */
+    int source;
 };
 
 /* Drops one reference (s->mu held); 1 when s is to be destroyed once the

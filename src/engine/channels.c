@@ -120,14 +120,6 @@ static void relay_done(weft__xfer *x)
     container_of(x, relay_xfer, x)->done = 1;
 }
 
-static void relay_hdr_done(weft__xfer *x)
-{
-    run *r = container_of(x, run, rl_rh.x);
-
-    r->rl_rh.done = 1;
-    weft__hdr_check(r, r->rl_rhdr, &r->rl_want, r->rsrc, -1);
-}
-
 static int relay_post(run *r, int is_send, int peer, relay_xfer *rx, void *buf,
                       size_t len, void (*done)(weft__xfer *))
 {
@@ -146,7 +138,8 @@ void weft__post_relay(run *r, const weft__relay *rl)
     int rc = 0;
 
     if (rl->dst >= 0) {
-        ophdr h = weft__hdr_make(r->k, 0, TAG_RELAY, c->send_seq[rl->dst]++,
+        ophdr h = weft__hdr_make(r->k, 0, (uint32_t)rl->tag,
+                                 rl->tag == 0 ? c->send_seq[rl->dst]++ : 0,
                                  rl->nbytes);
         weft__hdr_encode(r->rl_shdr, &h);
         rc = relay_post(r, 1, rl->dst, &r->rl_sh, r->rl_shdr, HDR_BYTES,
@@ -157,16 +150,34 @@ void weft__post_relay(run *r, const weft__relay *rl)
                             relay_done);
     }
     if (rc == 0 && rl->src >= 0) {
-        r->rl_want = weft__hdr_make(r->k, 0, TAG_RELAY, c->recv_seq[rl->src]++,
+        /* The source's relayed messages are read by match.c, which hands
+         * this pass the first of its tag. */
+        r->rl_want = weft__hdr_make(r->k, 0, (uint32_t)rl->tag,
+                                    rl->tag == 0 ? c->recv_seq[rl->src]++ : 0,
                                     rl->nbytes);
-        rc = relay_post(r, 0, rl->src, &r->rl_rh, r->rl_rhdr, HDR_BYTES,
-                        relay_hdr_done);
-        if (rc == 0)
-            rc = relay_post(r, 0, rl->src, &r->rl_rx, rl->recvbuf, rl->nbytes,
-                            relay_done);
+        r->rl_tag = (uint32_t)rl->tag;
+        r->rl_buf = rl->recvbuf;
+        rc = weft__relay_take(r);
     }
     if (rc != 0 && r->err == 0)
         r->err = rc;
+}
+
+/* The relayed header that match.c handed r came (or was read early):
+ * checked against r's. 0 where it matched. */
+int weft__relay_hdr_got(run *r, const uint8_t *hdr)
+{
+    memcpy(r->rl_rhdr, hdr, HDR_BYTES);
+    r->rl_rh.done = 1;
+    return weft__hdr_check(r, r->rl_rhdr, &r->rl_want, r->rsrc, -1);
+}
+
+/* Posts the relayed receive of r's bytes (after their header) into its
+ * buffer. */
+int weft__relay_recv_data(run *r)
+{
+    return relay_post(r, 0, r->rsrc, &r->rl_rx, r->rl_buf, r->rl_want.total,
+                      relay_done);
 }
 
 int weft__relay_done_all(const run *r)

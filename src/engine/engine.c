@@ -453,6 +453,7 @@ void weft__engine_free(weft__ctx *c)
         return;
     weft__reducer_destroy(e->reducer);
     weft__wires_reset(c);
+    weft__match_free(c);
     free(e->rx);
     free(e->tx);
     for (size_t i = 0;
@@ -672,12 +673,15 @@ int weft__pass_start(weft__ctx *c, weft__call *k, weft__op *op,
             r->rtotal[l] += ln->steps[s].recv_len;
         }
         /* Collectives are matched by the call's number; point-to-point
-         * messages by their number between the pair, each way. */
+         * messages by their tag (the lane's), and those of tag 0 also by
+         * their number between the pair, each way (a message of another
+         * tag may come between them: match.c). */
         r->sseq[l] = r->rseq[l] = k->seq;
         if (k->kind == WEFT__OP_P2P) {
-            if (ln->send_peer >= 0)
+            r->sseq[l] = r->rseq[l] = 0;
+            if (ln->send_peer >= 0 && ln->tag == 0)
                 r->sseq[l] = c->send_seq[ln->send_peer]++;
-            if (ln->recv_peer >= 0)
+            if (ln->recv_peer >= 0 && ln->tag == 0)
                 r->rseq[l] = c->recv_seq[ln->recv_peer]++;
         }
     }
@@ -705,6 +709,8 @@ int weft__pass_test(const weft__pass *r)
         return r->err;
     if (r->box)
         return r->box_put && r->box_left == 0 ? WEFT_OK : WEFT__PENDING;
+    if (r->probe)
+        return r->probe_src >= 0 ? WEFT_OK : WEFT__PENDING;
     if (!weft__check_done(r) || !weft__relay_done_all(r))
         return WEFT__PENDING;
     for (int l = 0; l < r->op.nlanes; l++)
@@ -721,6 +727,8 @@ void weft__pass_end(weft__pass *r, int rc)
         rc = weft__pass_test(r);
     if (r->box)
         c->tpo->box->watch(c->tp, 0);
+    if (r->probe)
+        weft__probe_leave(r);
 #ifndef NDEBUG
     /* The design's invariant: an operation that ends has no frame in
      * flight on any wire (a failed one is shut down below instead). */

@@ -48,6 +48,8 @@ typedef struct weft__call {
      * their counts, core/sched.c), which ranks must agree on as on the
      * count; 0 for a call that is one operation. */
     uint64_t parts;
+    /* Point to point: the messages' tag (>= 0; match.c), 0 otherwise. */
+    int tag;
 } weft__call;
 
 /* What the engine and the algorithms see of a communicator: its job, its
@@ -206,6 +208,7 @@ typedef struct weft__relay {
     void *recvbuf;
     int src;
     size_t nbytes;
+    int tag; /* the messages' tag (point to point) */
 } weft__relay;
 
 /* An engine pass in flight (engine.c). */
@@ -289,6 +292,14 @@ int weft__peer_read(weft__ctx *c, int peer, void *dst, uint64_t addr,
  * rank, whatever ran it: the box's slots of those calls may be written
  * again. */
 void weft__call_end(weft__ctx *c, uint64_t seq);
+
+/* Starts a pass that moves nothing and ends once a point-to-point
+ * message of `tag` from some peer is ready to be received (read early,
+ * or its header first on its stream) and nothing else will take it:
+ * then *src is that peer (match.c). Tested, waited for and ended as any
+ * pass. */
+int weft__probe_start(weft__ctx *c, weft__call *k, int tag, int *src,
+                      weft__pass **out);
 
 /* Frees the engine's staging buffers. */
 void weft__engine_free(weft__ctx *c);

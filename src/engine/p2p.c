@@ -22,8 +22,9 @@ int weft__sendrecv_post(weft__task *t)
     int relay_dst = dst >= 0 && c->tpo->nwires(c->tp, dst) == 0;
     int relay_src = src >= 0 && c->tpo->nwires(c->tp, src) == 0;
     int ddst = relay_dst ? -1 : dst, dsrc = relay_src ? -1 : src;
-    weft__relay relay = {a->sendbuf, relay_dst ? dst : -1, a->recvbuf,
-                         relay_src ? src : -1, 0};
+    weft__relay relay = {a->sendbuf, relay_dst ? dst : -1,
+                         a->recvbuf, relay_src ? src : -1,
+                         0,          t->k->tag};
     const void *sendbuf = a->sendbuf;
     weft__op op;
 
@@ -53,6 +54,7 @@ int weft__sendrecv_post(weft__task *t)
         weft__step *st = weft__op_steps(&op, 0, 1);
 
         op.nlanes = 1;
+        op.lanes[0].tag = t->k->tag; /* the messages' (match.c) */
         op.lanes[0].send_peer = ddst;
         op.lanes[0].recv_peer = dsrc;
         if (st != NULL) {

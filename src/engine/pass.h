@@ -95,7 +95,9 @@ typedef struct wstate {
     int r_hdr;   /* its header came (and was checked) */
     int r_asked; /* it waits for its header from the wire's reader (rxq) */
     int r_owns;  /* the wire's stream is its own until its frames are posted */
-    struct unexp *r_unexp; /* its message, read early, still arriving */
+    struct unexp *r_unexp;  /* its message, read early, still arriving */
+    struct wstate *r_tnext; /* the next point-to-point receive waiting on
+                               its wire for a header (rxq) */
     int r_head, r_count;
     int r_slot;
     /* Frames received but not yet done: with the reducer, rj[j_head] and
@@ -128,6 +130,11 @@ struct weft__engine {
     struct rxq *rx;
     struct txq *tx;
     size_t unexp_bytes; /* held by messages read before their receive */
+    /* match.c: the probes waiting for a message (any-source receives),
+     * and each relayed source's reader ([peer], made when first used). */
+    struct weft__pass *probes;
+    int probe_next_peer; /* where the next probe starts to look */
+    struct rlq *rl;
 };
 
 /* A check channel: headers only, exchanged on wire 0 with a peer that a
@@ -177,6 +184,13 @@ typedef struct weft__pass {
     uint64_t box_got;
     size_t box_len;
     char *box_out;
+    /* A probe pass (weft__probe_start, match.c): no lanes; it ends once
+     * probe_src names the peer whose message of probe_tag it found. */
+    int probe;
+    int probe_src;
+    int *probe_out; /* where the peer goes */
+    uint32_t probe_tag;
+    struct weft__pass *probe_next; /* the engine's list of those waiting */
     /* A pass starts by zeroing what is above; below, what it sets for
      * each of its op's lanes, and what the engine's spare pass keeps for
      * the next one. */
@@ -201,6 +215,11 @@ typedef struct weft__pass {
     relay_xfer rl_sh, rl_sx, rl_rh, rl_rx;
     uint8_t rl_shdr[HDR_BYTES], rl_rhdr[HDR_BYTES];
     ophdr rl_want;
+    /* The relayed receive's tag and buffer, and the next pass waiting for
+     * a message from its source (match.c). */
+    uint32_t rl_tag;
+    void *rl_buf;
+    struct weft__pass *rl_next;
     /* A box pass's message: its header, then its data. */
     uint8_t box_msg[WEFT__BOX_MSG_MAX];
 } run;
@@ -280,6 +299,33 @@ void weft__post_checks(run *r);
 void weft__check_send(check *k);
 void weft__post_relay(run *r, const weft__relay *rl);
 int weft__relay_done_all(const run *r);
+
+/* ---- match.c (tags and sources) ---- */
+
+/* A relayed receive (r->rsrc, rl_tag, rl_buf, rl_want set) asks for the
+ * first message of its tag from its source. */
+int weft__relay_take(run *r);
+/* channels.c: the relayed header handed to r came (0: it matched), and
+ * the receive of its bytes into r's buffer. */
+int weft__relay_hdr_got(run *r, const uint8_t *hdr);
+int weft__relay_recv_data(run *r);
+/* A probe pass that ends leaves the engine's list. */
+void weft__probe_leave(run *r);
+/* wires.c: a header of a point-to-point message of `tag` is first on
+ * wire 0 from peer and nobody takes it: 1 where a probe waiting for that
+ * tag takes it (names the peer; the message stays for its receive). */
+int weft__probe_claim(weft__ctx *c, int peer, uint32_t tag);
+/* Forgets the relayed sources' readers and frees their early messages
+ * (weft__wires_reset); frees them (weft__engine_free). */
+void weft__match_reset(weft__ctx *c);
+void weft__match_free(weft__ctx *c);
+
+/* wires.c, for match.c: 1 where peer's wire 0 holds a point-to-point
+ * message of tag that nobody takes yet (read early, or its header first
+ * on the stream); and a kick of that stream, so that a probe sees what
+ * comes. */
+int weft__rx_has_tag(weft__ctx *c, int peer, uint32_t tag);
+void weft__rx_kick0(weft__ctx *c, int peer);
 
 /* ---- box.c ---- */
 

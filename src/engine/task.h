@@ -19,12 +19,17 @@ typedef struct weft__args {
     weft_dtype dtype;
     weft_redop op;
     int root;
-    int dst, src; /* point to point: the peers (-1: that half is out) */
+    int dst, src; /* point to point: the peers (-1: that half is out;
+                     src WEFT__SRC_ANY: from whichever peer sends first;
+                     the messages' tag is the call's, weft__call.tag) */
     /* all_to_allv: per peer, the elements sent to it and received from
      * it, and where they start in sendbuf and recvbuf (elements; borrowed
      * from the caller as the buffers are); NULL for every other call. */
     const size_t *sendcounts, *sdispls, *recvcounts, *rdispls;
 } weft__args;
+
+/* weft__args.src of a receive from any source (WEFT_ANY_SOURCE). */
+#define WEFT__SRC_ANY (-2)
 
 typedef struct weft__task weft__task;
 
@@ -98,5 +103,10 @@ int weft__task_wait(weft__task *t);
  * sendbuf to dst while count elements from src land in recvbuf. Direct
  * wires where the peer has them, the relay where not. */
 int weft__sendrecv_post(weft__task *t);
+
+/* A receive from any source (match.c): waits for the first message of
+ * t->k->tag from any peer, sets t->a.src to its sender, then receives it
+ * as weft__sendrecv_post does. */
+int weft__recv_any_post(weft__task *t);
 
 #endif

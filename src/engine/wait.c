@@ -11,6 +11,11 @@
 static void describe_wait(const run *r, char *out, size_t outlen)
 {
     snprintf(out, outlen, "nothing");
+    if (r->probe) {
+        snprintf(out, outlen, "a message of tag %u from any rank",
+                 r->probe_tag);
+        return;
+    }
     if (r->box) {
         for (int p = 0; p < r->c->nranks; p++)
             if (p != r->c->rank && (r->box_got >> p & 1) == 0) {

@@ -33,9 +33,21 @@
  *   collective never holds the collective back on the other side. Past
  *   UNEXP_MAX bytes held so, the stream waits instead.
  *
- * One pass per collective call runs at a time, and at most one receive
- * (and one send) per peer of point-to-point (the scheduler's rules), so
- * each stream has at most one point-to-point and one collective taker. */
+ * One pass per collective call runs at a time, and at most one send per
+ * peer and one receive per peer and tag of point-to-point (the
+ * scheduler's rules), so each stream has at most one collective taker
+ * and one point-to-point taker per tag.
+ *
+ * Tags: a point-to-point header goes to the receive waiting on its
+ * stream with the same tag (the lane's, carried in the header). One of a
+ * tag that no receive waits for, met while someone waits on the stream
+ * (a collective, a receive of another tag, a probe of an any-source
+ * receive on wire 0: match.c), is read into memory as above, so that the
+ * messages behind it move on; a receive first takes the oldest early
+ * message of its tag. Each wire's stream carries the pair's messages in
+ * the order they were sent, so on every wire the k-th message of a tag
+ * is the same message, and a message split over several wires is taken
+ * whole by one receive. */
 
 #define UNEXP_MAX ((size_t)64 << 20)
 
@@ -62,7 +74,7 @@ typedef struct rxq {
     uint8_t hdr[HDR_BYTES];
     wstate *coll; /* a collective's lane waiting for its header */
     check *chk;   /* a collective's check channel waiting (wire 0) */
-    wstate *p2p;  /* a point-to-point receive waiting */
+    wstate *p2p;  /* point-to-point receives waiting (linked by r_tnext) */
     unexp *uq_head, *uq_tail;
 } rxq;
 
@@ -97,6 +109,43 @@ static int run_p2p(const run *r)
     return r->k->kind == WEFT__OP_P2P;
 }
 
+/* The tag of a point-to-point lane's messages, and of a header. */
+static uint32_t ws_tag(const wstate *ws)
+{
+    return (uint32_t)ws->run->op.lanes[ws->lane].tag;
+}
+
+static int hdr_p2p(const uint8_t *hdr)
+{
+    return weft__get_le32(hdr) == HDR_MAGIC && hdr[4] == WEFT__OP_P2P;
+}
+
+static uint32_t hdr_tag(const uint8_t *hdr)
+{
+    return weft__get_le32(hdr + 8);
+}
+
+/* Takes the point-to-point receive of tag waiting on q out of its list. */
+static wstate *p2p_take(rxq *q, uint32_t tag)
+{
+    for (wstate **pp = &q->p2p; *pp != NULL; pp = &(*pp)->r_tnext)
+        if (ws_tag(*pp) == tag) {
+            wstate *ws = *pp;
+
+            *pp = ws->r_tnext;
+            ws->r_tnext = NULL;
+            return ws;
+        }
+    return NULL;
+}
+
+/* Does someone wait for what q's stream brings next? */
+static int rx_wanted(const rxq *q)
+{
+    return q->coll != NULL || q->chk != NULL || q->p2p != NULL ||
+           (q->w == 0 && q->c->eng->probes != NULL);
+}
+
 /* A lane's header came: checked against what the lane expects. */
 static void rx_deliver(wstate *ws, const uint8_t *hdr)
 {
@@ -122,8 +171,8 @@ static void check_got(check *k, const uint8_t *hdr)
 }
 
 /* An early message's bytes land in the receive that took it: its wire's
- * part of the message is done. It leaves its wire's list (it is the
- * oldest there: one receive per peer runs at a time). */
+ * part of the message is done. It leaves its wire's list (the oldest of
+ * its tag there: one receive per peer and tag runs at a time). */
 static void unexp_land(wstate *ws, unexp *u)
 {
     run *r = ws->run;
@@ -131,11 +180,15 @@ static void unexp_land(wstate *ws, unexp *u)
     weft__region reg =
         weft__step_region(r, ln->steps[0].recv_len, r->rw[ws->lane], ws->w);
     rxq *q = u->q;
+    unexp **pp = &q->uq_head, *prev = NULL;
 
-    assert(q->uq_head == u);
-    q->uq_head = u->next;
-    if (q->uq_head == NULL)
-        q->uq_tail = NULL;
+    while (*pp != u) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = u->next;
+    if (q->uq_tail == u)
+        q->uq_tail = prev;
     ws->r_unexp = NULL;
     if (r->err == 0 && reg.len != u->len)
         engine_fail(r, WEFT_EMISMATCH,
@@ -167,7 +220,17 @@ static void unexp_done(weft__xfer *x)
     }
 }
 
-/* A receive takes the oldest early message of its wire, once its header
+/* The oldest early message of tag on q, or NULL. */
+static unexp *unexp_find(const rxq *q, uint32_t tag)
+{
+    unexp *u = q->uq_head;
+
+    while (u != NULL && hdr_tag(u->hdr) != tag)
+        u = u->next;
+    return u;
+}
+
+/* A receive takes the oldest early message of its tag, once its header
  * matched (where it does not, the pass fails and the message stays, to
  * go with the transport). */
 static void unexp_take(wstate *ws, unexp *u)
@@ -228,15 +291,19 @@ static int unexp_read(weft__ctx *c, rxq *q)
 /* The wire's reader cannot post: whoever waits on it fails. */
 static void rx_fail(rxq *q, int rc)
 {
-    run *rs[3] = {q->coll != NULL ? q->coll->run : NULL,
-                  q->chk != NULL ? q->chk->run : NULL,
-                  q->p2p != NULL ? q->p2p->run : NULL};
+    run *rs[2] = {q->coll != NULL ? q->coll->run : NULL,
+                  q->chk != NULL ? q->chk->run : NULL};
 
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 2; i++)
         if (rs[i] != NULL && rs[i]->err == 0)
             engine_fail(rs[i], rc,
                         "rank %d: %s: cannot receive from peer %d: %s",
                         q->c->rank, rs[i]->k->name, q->peer, weft_strerror(rc));
+    for (wstate *ws = q->p2p; ws != NULL; ws = ws->r_tnext)
+        if (ws->run->err == 0)
+            engine_fail(
+                ws->run, rc, "rank %d: %s: cannot receive from peer %d: %s",
+                q->c->rank, ws->run->k->name, q->peer, weft_strerror(rc));
 }
 
 static void rx_hdr_done(weft__xfer *x);
@@ -247,7 +314,8 @@ static size_t next_len(const rxq *q)
 {
     const wstate *ws = q->coll != NULL ? q->coll : q->p2p;
 
-    if (ws == NULL || (q->coll != NULL && (q->p2p != NULL || q->chk != NULL)))
+    if (ws == NULL || (q->coll != NULL && (q->p2p != NULL || q->chk != NULL)) ||
+        (q->p2p != NULL && q->p2p->r_tnext != NULL))
         return 0;
     for (int s = ws->r_step; s < ws->run->op.lanes[ws->lane].nsteps; s++) {
         const run *r = ws->run;
@@ -274,7 +342,7 @@ static void rx_kick(rxq *q)
         if (q->state == RX_READING || q->state == RX_BUSY)
             return;
         if (q->state == RX_IDLE) {
-            if (q->coll == NULL && q->chk == NULL && q->p2p == NULL)
+            if (!rx_wanted(q))
                 return;
             q->x = (weft__xfer){0};
             q->x.done = rx_hdr_done;
@@ -289,12 +357,10 @@ static void rx_kick(rxq *q)
             return;
         }
         /* RX_HAVE */
-        p2p = weft__get_le32(q->hdr) == HDR_MAGIC && q->hdr[4] == WEFT__OP_P2P;
-        ws = p2p ? q->p2p : q->coll;
+        p2p = hdr_p2p(q->hdr);
+        ws = p2p ? p2p_take(q, hdr_tag(q->hdr)) : q->coll;
         if (ws != NULL) {
-            if (p2p)
-                q->p2p = NULL;
-            else
+            if (!p2p)
                 q->coll = NULL;
             q->state = RX_BUSY;
             ws->r_owns = 1;
@@ -310,8 +376,10 @@ static void rx_kick(rxq *q)
             check_got(k, q->hdr);
             continue;
         }
-        if (p2p && (q->coll != NULL || q->chk != NULL) &&
-            unexp_read(c, q) == 0) {
+        /* A probe that takes it leaves it for its receive, next. */
+        if (p2p && q->w == 0 && weft__probe_claim(c, q->peer, hdr_tag(q->hdr)))
+            return;
+        if (p2p && rx_wanted(q) && unexp_read(c, q) == 0) {
             q->state = RX_IDLE;
             continue;
         }
@@ -334,10 +402,13 @@ int weft__rx_ask(run *r, wstate *ws)
 
     ws->r_asked = 1;
     if (run_p2p(r)) {
-        if (q->uq_head != NULL) {
-            unexp_take(ws, q->uq_head);
+        unexp *u = unexp_find(q, ws_tag(ws));
+
+        if (u != NULL) {
+            unexp_take(ws, u);
             return 1;
         }
+        ws->r_tnext = q->p2p;
         q->p2p = ws;
     } else
         q->coll = ws;
@@ -418,6 +489,7 @@ void weft__wires_reset(weft__ctx *c)
         e->tx[i] = (txq){0};
     }
     e->unexp_bytes = 0;
+    weft__match_reset(c);
 }
 
 void weft__tx_done(run *r, wstate *ws)
@@ -471,4 +543,18 @@ int weft__wires_init(weft__ctx *c, struct weft__engine *e)
         e->rx[i].w = (int)(i % (size_t)e->maxw);
     }
     return 0;
+}
+
+int weft__rx_has_tag(weft__ctx *c, int peer, uint32_t tag)
+{
+    rxq *q = rxq_of(c, peer, 0);
+
+    if (unexp_find(q, tag) != NULL)
+        return 1;
+    return q->state == RX_HAVE && hdr_p2p(q->hdr) && hdr_tag(q->hdr) == tag;
+}
+
+void weft__rx_kick0(weft__ctx *c, int peer)
+{
+    rx_kick(rxq_of(c, peer, 0));
 }

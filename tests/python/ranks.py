@@ -807,6 +807,50 @@ def case_rooted(comm):
     assert comm.all_to_all(np.repeat(y, n)) is not None
     z = comm.reduce(y, op=weft.MAX, root=0)
     assert (r != 0 and z is None) or (z is y and (y == n - 1).all()), y
+def case_tags(comm):
+    """Tags out of order, receives from any source (source), tag 0
+    unchanged, and bad tags."""
+    r, n = comm.rank, comm.size
+    if r == 0:
+        a, b = np.zeros(5, np.int32), np.zeros(5, np.int32)
+        q2 = comm.irecv(b, 1, tag=2)
+        q1 = comm.irecv(a, 1, tag=1)
+        q2.wait()
+        q1.wait()
+        assert (a == 1).all() and (b == 2).all(), (a, b)
+        assert q1.source == 1 and q2.source == 1
+        got = []
+        for _ in range(n - 1):
+            x = np.zeros(5, np.int32)
+            q = comm.irecv(x, weft.ANY_SOURCE, tag=7)
+            q.wait()
+            assert (x == q.source).all(), (x, q.source)
+            got.append(q.source)
+        assert sorted(got) == list(range(1, n)), got
+        y = np.zeros(5, np.int32)
+        comm.recv(y, 1, tag=3)
+        assert (y == 3).all(), y
+        comm.recv(y, 1)
+        assert (y == 4).all(), y
+        for bad in (-1, 2**31):
+            try:
+                comm.isend(y, 1, tag=bad)
+            except (weft.InvalidArgument, OverflowError, ValueError):
+                pass
+            else:
+                raise AssertionError("tag %d accepted" % bad)
+    else:
+        if r == 1:
+            s1 = comm.isend(np.full(5, 1, np.int32), 0, tag=1)
+            s2 = comm.isend(np.full(5, 2, np.int32), 0, tag=2)
+            s1.wait()
+            s2.wait()
+            assert s1.source == -1
+        comm.send(np.full(5, r, np.int32), 0, tag=7)
+        if r == 1:
+            comm.send(np.full(5, 3, np.int32), 0, tag=3)
+            comm.send(np.full(5, 4, np.int32), 0)
+    comm.barrier()
 
 
 def main():
@@ -828,6 +872,8 @@ def main():
         case_dead(comm, False)
     elif case == "callbacks":
         case_callbacks(comm)
+    elif case == "tags":
+        case_tags(comm)
     elif case == "sigint":
         case_sigint(comm, sys.argv[2])
     elif case == "sigint-job":

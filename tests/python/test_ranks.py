@@ -31,6 +31,10 @@ def test_bad_arguments_raise_and_leave_the_comm_usable(ranks):
     ranks(3, "errors")
 
 
+def test_tags_and_any_source(ranks):
+    ranks(3, "tags")
+
+
 def test_timeout_carries_last_error_and_releases_the_gil(ranks):
     out = ranks(2, "timeout")
     assert "WEFT_ETIMEDOUT: rank 0:" in out, out
