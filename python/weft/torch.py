@@ -43,7 +43,7 @@ from . import _comm
 from ._buffers import as_c_int
 from ._lib import lib as _libweft
 
-__all__ = ["WeftError", "is_available"]
+__all__ = ["WeftError", "is_available", "shrink"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -155,6 +155,59 @@ def _create(store, rank, size, timeout):
     _comm.watch_sigint()
     return _C.ProcessGroupWeft(store, as_c_int(rank, "weft.torch: rank"),
                                as_c_int(size, "weft.torch: size"), timeout)
+
+
+def _backend_of(group):
+    """The ProcessGroupWeft behind a process group (torch 1.13: the group
+    itself; torch 2.x: its CPU backend)."""
+    if isinstance(group, _C.ProcessGroupWeft):
+        return group
+    get = getattr(group, "_get_backend", None)
+    if get is not None:
+        b = get(torch.device("cpu"))
+        if isinstance(b, _C.ProcessGroupWeft):
+            return b
+    raise ValueError("weft.torch.shrink: %r is not a weft process group"
+                     % (group,))
+
+
+_shrinks = [0]
+
+
+def shrink(group=None):
+    """weft_comm_shrink for torch: after a rank died (a collective raised
+    weft.torch.PeerError or TimeoutError), every surviving rank calls it
+    and gets a process group of the ranks alive, in their old order,
+    renumbered from 0: usable as DDP's process_group= and as group= of
+    every torch.distributed call. group (default: the default group) is
+    failed afterwards; leave it to torch to destroy."""
+    from torch.distributed import distributed_c10d as c10d
+
+    old = group if group is not None else c10d._get_default_group()
+    new = _backend_of(old)._shrink()
+    rank, size = new.rank(), new.size()
+    pg = new
+    if int(torch.__version__.split(".")[0]) >= 2:
+        # torch 2.x: a ProcessGroup over the backend, as its own groups.
+        pg = dist.ProcessGroup(dist.HashStore(), rank, size)
+        pg._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+        pg._register_backend(torch.device("cpu"),
+                             dist.ProcessGroup.BackendType.CUSTOM, new)
+    # Known to c10d as its own groups are: get_rank(group=), get_world_size
+    # and the collectives' group= find it.
+    world = getattr(c10d, "_world", None)
+    ranks = {new._origin_rank(i): i for i in range(size)}
+    _shrinks[0] += 1
+    name = "weft_shrink_%d" % _shrinks[0]
+    if world is not None and hasattr(world, "pg_group_ranks"):
+        world.pg_group_ranks[pg] = ranks
+        world.pg_map[pg] = ("weft", None)
+        world.pg_names[pg] = name
+    else:
+        c10d._pg_group_ranks[pg] = ranks
+        c10d._pg_map[pg] = ("weft", None)
+        c10d._pg_names[pg] = name
+    return pg
 
 
 def is_available():

@@ -209,3 +209,21 @@ def test_example_torch_ddp():
                          start_new_session=True)
     (rc, out), = finish([p], ["weftrun"], DEADLINE_S)
     assert rc == 0 and "parameters identical on 2 ranks" in out, out[-3000:]
+
+
+def test_example_elastic_ddp_survives_a_killed_rank():
+    weftrun = os.environ.get("WEFTRUN")
+    if not weftrun:
+        pytest.skip("WEFTRUN is not set (make check sets it)")
+    example = os.path.join(HERE, "..", "..", "examples", "elastic_ddp.py")
+    p = subprocess.Popen([weftrun, "-n", "3", "--keep-going", "--", sys.executable, example,
+                          "--steps", "12", "--kill-step", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    (rc, out), = finish([p], ["weftrun"], DEADLINE_S)
+    # The killed rank makes weftrun fail; the two others shrink and finish.
+    assert rc != 0 and "rank 2 (pid" in out and "SIGKILL" in out, out[-3000:]
+    for r in (0, 1):
+        assert "rank %d: now rank %d of 2" % (r, r) in out, out[-3000:]
+        assert "rank %d: time lost" % r in out, out[-3000:]
+        assert "rank %d: PASS, final loss" % r in out, out[-3000:]

@@ -267,6 +267,13 @@ class ProcessGroupWeft : public WeftBase {
   public:
     ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store> &store, int rank,
                      int size, std::chrono::milliseconds timeout);
+    // A group over a communicator made already (weft_comm_shrink's), which
+    // it takes over.
+    explicit ProcessGroupWeft(weft_comm *c)
+        : WeftBase(weft_rank(c), weft_size(c)), comm_(c)
+    {
+        remember(this);
+    }
     ~ProcessGroupWeft() override
     {
         forget(this);
@@ -342,6 +349,33 @@ class ProcessGroupWeft : public WeftBase {
                                         int src, int tag) override;
     c10::intrusive_ptr<c10d::Work>
     barrier(const c10d::BarrierOptions &opts) override;
+
+    // weft_comm_shrink: a group of the ranks alive that call it; this one
+    // is failed afterwards (it must still be destroyed).
+    c10::intrusive_ptr<ProcessGroupWeft> shrink()
+    {
+        weft_comm *out = nullptr;
+        int rc;
+        {
+            std::lock_guard<std::mutex> lock(post_mu_);
+            if (comm_ == nullptr)
+                throw WeftTorchError(WEFT_EABORTED,
+                                     "weft: shrink: the process group was "
+                                     "shut down");
+            rc = weft_comm_shrink(comm_, &out);
+        }
+        if (rc != WEFT_OK)
+            std::rethrow_exception(
+                weft_error(rc, "weft: shrink", weft_last_error(nullptr)));
+        return c10::make_intrusive<ProcessGroupWeft>(out);
+    }
+
+    // weft_comm_origin_rank: member r's rank in the group weft made first.
+    int origin_rank(int r)
+    {
+        std::lock_guard<std::mutex> lock(post_mu_);
+        return comm_ == nullptr ? -1 : weft_comm_origin_rank(comm_, r);
+    }
 
     void abort()
     {
@@ -865,6 +899,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
              py::arg("store"), py::arg("rank"), py::arg("size"),
              py::arg("timeout"), py::call_guard<py::gil_scoped_release>())
         .def("abort", &ProcessGroupWeft::abort)
+        .def("_shrink", &ProcessGroupWeft::shrink,
+             py::call_guard<py::gil_scoped_release>())
+        .def("_origin_rank", &ProcessGroupWeft::origin_rank)
         .def("_finalize", &ProcessGroupWeft::finalize)
         .def_property_readonly("_bootstrap", &ProcessGroupWeft::bootstrap);
     m.def("_finalize_all", &ProcessGroupWeft::finalize_all);
