@@ -554,6 +554,24 @@ int weft__config_subset(const weft__config *old, const int *members, int n,
         out->links[out->nlinks++] = lk;
     }
     free(host_new);
+    /* Every transport runs a ring (or a mesh) of hosts: each host needs a
+     * cable to the next, in the new order. */
+    for (int h = 0; out->nhosts > 1 && h < out->nhosts; h++) {
+        int next = (h + 1) % out->nhosts, linked = 0;
+
+        for (int l = 0; l < out->nlinks && !linked; l++)
+            linked = weft__link_joins(&out->links[l], h, next);
+        if (!linked) {
+            snprintf(errmsg, errlen,
+                     "the hosts of the ranks left no longer form a ring of "
+                     "cables: no cable joins host %s to host %s, next in "
+                     "rank order (weft runs rings and meshes of hosts, not "
+                     "chains)",
+                     out->hosts[h].name, out->hosts[next].name);
+            weft__config_free(out);
+            return WEFT_ENOTSUP;
+        }
+    }
     memset(&view, 0, sizeof view);
     view.nranks = n;
     view.nhosts = out->nhosts;
