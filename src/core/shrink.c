@@ -47,10 +47,11 @@
 
 #define MSG_MAGIC 0x7766736bu /* "wfsk" */
 #define HDR_BYTES 24
-/* Between tries of a leader that does not listen yet: from 1 ms,
- * doubling up to 20 (it is usually a moment behind: still in the call
- * that failed). */
+/* Between tries of a leader that does not listen yet: 1 ms for the
+ * first FAST_TRIES (it is usually a moment behind, still in the call that
+ * failed), then RETRY_MS. */
 #define RETRY_MS 20
+#define FAST_TRIES 100
 
 enum { M_JOIN = 1, M_WELCOME, M_DECIDE, M_ACK, M_COMMIT };
 
@@ -455,7 +456,7 @@ static int follow(agree *a, int L, uint8_t *set)
             break;
         }
         if (attempt++ > 0)
-            usleep((attempt < 6 ? 1u << (attempt - 1) : RETRY_MS) * 1000);
+            usleep((attempt <= FAST_TRIES ? 1u : RETRY_MS) * 1000);
         l.fd = dial(addrs[attempt % (naddr > 0 ? naddr : 1)], port);
         if (naddr == 0 || l.fd < 0)
             continue;
