@@ -652,10 +652,51 @@ void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
         retry_later(k, "cannot start connecting");
 }
 
-static void start_connect(tcp_tp *tp, int p, int w)
+/* Another data wire to peer p, to another address than slot w's (another
+ * link), that is up over its own link: the slot, or NULL. */
+static const slot *other_link_up(const tcp_tp *tp, int p, int w)
 {
     const slot *s = &tp->peers[p].s[w];
 
+    for (int u = 0; u < tp->peers[p].nwires; u++) {
+        const slot *o = &tp->peers[p].s[u];
+
+        if (u != w && strcmp(o->addr, s->addr) != 0 && o->c != NULL &&
+            o->c->state == CONN_UP && o->alt_link < 0)
+            return o;
+    }
+    return NULL;
+}
+
+/* Dials slot w of peer p: over its own link, or, where that has not
+ * answered within the wire timeout while another link to the peer has a
+ * wire up (a link lost during weft_init), over that other link: the wire
+ * comes up there (the peer pairs it by the link and wire its hello
+ * names, not by the address it came to), and moves to its own link once
+ * that answers (resume.c). */
+static void start_connect(tcp_tp *tp, int p, int w)
+{
+    slot *s = &tp->peers[p].s[w];
+    const uint64_t now = weft__now_ms();
+    const slot *via;
+
+    const int was = s->alt_link;
+
+    if (s->first_try_ms == 0)
+        s->first_try_ms = now;
+    s->alt_link = -1;
+    if (tp->cfg->wire_timeout_ms > 0 && s->link != WEFT__LINK_LOOPBACK &&
+        now - s->first_try_ms >= (uint64_t)tp->cfg->wire_timeout_ms &&
+        (via = other_link_up(tp, p, w)) != NULL) {
+        if (was != (int)via->link)
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "wire %d to peer %d: its link (%s) did not answer "
+                      "within %d ms; made over %s instead, until it does",
+                      w, p, s->addr, tp->cfg->wire_timeout_ms, via->addr);
+        s->alt_link = (int)via->link;
+        weft__tcp_dial(tp, p, w, via->addr, via->port, 0);
+        return;
+    }
     weft__tcp_dial(tp, p, w, s->addr, s->port, 0);
 }
 
@@ -694,6 +735,15 @@ void weft__tcp_housekeep_cb(uv_timer_t *t)
             if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
                 now >= s->trying->deadline_ms)
                 retry_later(s->trying, "no answer to its hello");
+            /* A connect that hangs on a link that drops everything, past
+             * the wire timeout, while another link could carry the wire:
+             * given up, to be made over that link. */
+            if (s->trying != NULL && s->trying->state == CONN_CONNECTING &&
+                s->alt_link < 0 && tp->cfg->wire_timeout_ms > 0 &&
+                s->first_try_ms != 0 &&
+                now - s->first_try_ms >= (uint64_t)tp->cfg->wire_timeout_ms &&
+                other_link_up(tp, p, w) != NULL)
+                retry_later(s->trying, "its link does not answer");
             if (s->trying == NULL && now >= s->next_try_ms &&
                 (tp->err == 0 ||
                  (tp->telling && tp->told != NULL && !tp->told[p])))

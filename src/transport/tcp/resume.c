@@ -450,7 +450,9 @@ int weft__tcp_resume_init(tcp_tp *tp)
                 continue;
             k->resumable = 1;
             k->ret_size = ret;
-            k->via_link = s->relay ? -1 : (int)s->link;
+            k->via_link = s->relay           ? -1
+                          : s->alt_link >= 0 ? s->alt_link
+                                             : (int)s->link;
         }
     return 0;
 }

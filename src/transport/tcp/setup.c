@@ -137,6 +137,7 @@ static int plan_slots(tcp_tp *tp, int W, int W_local)
             slot *s = &tp->peers[p].s[w];
             s->outgoing = tp->rank > p;
             s->port = weft__config_rank_port(cfg, lo);
+            s->alt_link = -1;
         }
     }
     return WEFT_OK;

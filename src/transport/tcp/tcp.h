@@ -204,6 +204,11 @@ typedef struct {
     conn *c;
     conn *resuming;        /* outgoing: the connection resuming c, in set-up */
     uint64_t next_move_ms; /* outgoing: when to try its own link again */
+    /* Set-up (outgoing): when it was first tried, and the link it was
+     * made over where its own did not answer within the wire timeout
+     * while another link to the peer had a wire up (-1: its own). */
+    uint64_t first_try_ms;
+    int alt_link;
 } slot;
 
 typedef struct {
