@@ -412,8 +412,11 @@ static int lead(agree *a, uint8_t *set)
             continue;
         break;
     }
+    /* Every rank still connected learns the set: one left out (it did not
+     * answer in time, a stopped process) reads, once it runs again, that
+     * it is out, instead of forming a group of its own. */
     for (int i = 0; i < nin; i++)
-        if (in[i].rank >= 0 && joined[in[i].rank])
+        if (in[i].rank >= 0)
             msg_send(a, in[i].fd, M_COMMIT, set);
     rc = WEFT_OK;
 out:
@@ -428,7 +431,12 @@ out:
 
 /* ---- a member ---- */
 
-enum { FOLLOW_DONE = 0, FOLLOW_LEADER_DEAD = 1, FOLLOW_TIMEOUT = 2 };
+enum {
+    FOLLOW_DONE = 0,
+    FOLLOW_LEADER_DEAD = 1,
+    FOLLOW_TIMEOUT = 2,
+    FOLLOW_OUT = 3 /* the others went on without this rank */
+};
 
 /* A member's part with leader L: FOLLOW_DONE with *set, or the leader
  * found dead, or the deadline. */
@@ -514,6 +522,9 @@ static int follow(agree *a, int L, uint8_t *set)
                     k = -1;
                     break;
                 }
+            } else if (type == M_COMMIT && !set[a->me]) {
+                k = -4;
+                break;
             } else if (type == M_COMMIT && decided &&
                        memcmp(known, set, (size_t)a->n) == 0) {
                 k = 1;
@@ -526,6 +537,10 @@ static int follow(agree *a, int L, uint8_t *set)
         close(l.fd);
         if (k == 1) {
             result = FOLLOW_DONE;
+            break;
+        }
+        if (k == -4) {
+            result = FOLLOW_OUT;
             break;
         }
         if (k == -3 || (k == -1 && welcomed)) {
@@ -563,8 +578,19 @@ static int agree_run(agree *a, uint8_t *set)
             a->deadline = weft__now_ms() + ct;
         if (L == a->me)
             return lead(a, set);
-        if (follow(a, L, set) == FOLLOW_DONE)
+        switch (follow(a, L, set)) {
+        case FOLLOW_DONE:
             return WEFT_OK;
+        case FOLLOW_OUT:
+            snprintf(a->errmsg, a->errlen,
+                     "rank %d: weft_comm_shrink: the other ranks went on "
+                     "without this one (it did not answer rank %d, which "
+                     "led the agreement, in time)",
+                     a->me, L);
+            return WEFT_ETIMEDOUT;
+        default:
+            break;
+        }
         /* Dead, or not heard from by the deadline: it is out. */
         a->dead[L] = 1;
     }
