@@ -4,11 +4,14 @@
  * finalize; "stop": SIGSTOP itself; "ok": nothing). Ranks whose operation
  * fails print the error and exit 3, as a real program would.
  *
- * "loop S": all_reduces of 64 Ki floats, checked, for S seconds, for the
+ * "loop S [COUNT [trace]]": all_reduces of COUNT floats (default 64 Ki),
+ * checked, for S seconds, for the
  * multi-host fault tests: prints "ready" once connected, and on a failure
  * "FAILED <code> <ms>" (ms since the last operation that succeeded) and
  * the message, then exits 3; at the end "done <calls> <ms>", ms the
- * longest time between two calls' ends (bench/failover's stall).
+ * longest time between two calls' ends (bench/failover's stall); with
+ * "trace", rank 0 first prints "call <end> <ms>" for each call (its end,
+ * CLOCK_REALTIME in ms, and its time).
  *
  * "pairs": send/recv between every ordered pair of ranks (1 B, 1000 B,
  * 1 MiB + 3 B), checked, a barrier after each; across hosts without a
@@ -74,12 +77,26 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int loop_mode(weft_comm *c, int seconds)
+static double wall_ms(void)
 {
-    enum { N = 65536 };
-    static float v[N];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* count floats per all_reduce; trace: rank 0 prints, at the end, when
+ * each call ended (CLOCK_REALTIME, ms) and how long it took, for
+ * bench/failover's throughput. */
+static int loop_mode(weft_comm *c, int seconds, int N, int trace)
+{
+    /* Static: reachable at every exit (LeakSanitizer). */
+    static float *v;
+    static double *ends, *durs;
     double start = now_ms(), last = start, gap = 0;
-    int n = weft_size(c), iter = 0;
+    int n = weft_size(c), iter = 0, cap = 0;
+
+    if ((v = malloc(sizeof *v * (size_t)N)) == NULL)
+        return 1;
 
     printf("ready\n");
     fflush(stdout);
@@ -93,8 +110,20 @@ static int loop_mode(weft_comm *c, int seconds)
             break;
         for (int k = 0; k < N; k++)
             v[k] = (float)((weft_rank(c) + k + iter) % 7);
+        double t0 = now_ms();
         if (rc == WEFT_OK)
-            rc = weft_all_reduce(c, v, v, N, WEFT_FLOAT32, WEFT_SUM);
+            rc = weft_all_reduce(c, v, v, (size_t)N, WEFT_FLOAT32, WEFT_SUM);
+        if (rc == WEFT_OK && trace && weft_rank(c) == 0) {
+            if (iter >= cap) {
+                cap = cap ? 2 * cap : 1024;
+                ends = realloc(ends, sizeof *ends * (size_t)cap);
+                durs = realloc(durs, sizeof *durs * (size_t)cap);
+                if (ends == NULL || durs == NULL)
+                    return 1;
+            }
+            ends[iter] = wall_ms();
+            durs[iter] = now_ms() - t0;
+        }
         if (rc != WEFT_OK) {
             printf("FAILED %s %.0f\n", weft_err_name(rc), now_ms() - last);
             printf("%s\n", weft_last_error(c));
@@ -117,6 +146,8 @@ static int loop_mode(weft_comm *c, int seconds)
         last = now_ms();
         iter++;
     }
+    for (int i = 0; trace && weft_rank(c) == 0 && i < iter; i++)
+        printf("call %.3f %.3f\n", ends[i], durs[i]);
     printf("done %d %.0f\n", iter, gap);
     weft_finalize(c);
     return 0;
@@ -203,7 +234,9 @@ int main(int argc, char **argv)
     if (strcmp(mode, "pairs") == 0)
         return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
     if (strcmp(mode, "loop") == 0)
-        return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10);
+        return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10,
+                         argc > 3 ? atoi(argv[3]) : 65536,
+                         argc > 4 && strcmp(argv[4], "trace") == 0);
     for (int i = 0; i < 10; i++) {
         if (i == 5 && weft_rank(c) == victim) {
             if (strcmp(mode, "exit") == 0)
