@@ -91,6 +91,14 @@ def test_every_operation_and_dtype(n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_rooted_all_to_all_coalesced_tags(n):
+    """reduce, gather, scatter, all_to_all(_single, with splits), the
+    coalesced forms, tags, any-source receives, bitwise reductions, bool,
+    int16 and complex, non-contiguous tensors, sequence numbers."""
+    passed(launch(n, "more"))
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_ddp_matches_one_process(n):
     passed(launch(n, "ddp"))
 

@@ -68,7 +68,12 @@ struct WeftTorchError : std::runtime_error {
 std::exception_ptr weft_error(int code, const std::string &what,
                               const char *detail)
 {
-    std::string msg = what + ": " + weft_err_name(code) + ": " +
+    // A timeout says "Timed out", which torch's tests and tooling look for
+    // (weft's own message follows).
+    std::string msg = what + ": " +
+                      (code == WEFT_ETIMEDOUT ? "Timed out (" : "") +
+                      weft_err_name(code) +
+                      (code == WEFT_ETIMEDOUT ? ")" : "") + ": " +
                       (detail != nullptr && *detail ? detail
                                                     : weft_strerror(code));
     return std::make_exception_ptr(WeftTorchError(code, msg));
@@ -79,33 +84,63 @@ std::exception_ptr weft_error(int code, const std::string &what,
     throw WeftTorchError(WEFT_EINVAL, "weft: " + msg);
 }
 
-weft_dtype to_weft(const at::Tensor &t)
+// The weft dtype of a torch dtype, where weft has it (bool as uint8:
+// reductions of bool map their op, see reduced()).
+bool weft_dtype_of(at::ScalarType s, weft_dtype *d)
 {
-    switch (t.scalar_type()) {
-    case at::kChar:
-        return WEFT_INT8;
+    switch (s) {
+    case at::kBool:
     case at::kByte:
-        return WEFT_UINT8;
+        *d = WEFT_UINT8;
+        return true;
+    case at::kChar:
+        *d = WEFT_INT8;
+        return true;
     case at::kInt:
-        return WEFT_INT32;
+        *d = WEFT_INT32;
+        return true;
     case at::kLong:
-        return WEFT_INT64;
+        *d = WEFT_INT64;
+        return true;
     case at::kHalf:
-        return WEFT_FLOAT16;
+        *d = WEFT_FLOAT16;
+        return true;
     case at::kBFloat16:
-        return WEFT_BFLOAT16;
+        *d = WEFT_BFLOAT16;
+        return true;
     case at::kFloat:
-        return WEFT_FLOAT32;
+        *d = WEFT_FLOAT32;
+        return true;
     case at::kDouble:
-        return WEFT_FLOAT64;
+        *d = WEFT_FLOAT64;
+        return true;
     default:
-        unsupported(std::string("dtype ") + c10::toString(t.scalar_type()) +
-                    " is not supported; use float16, bfloat16, float32, "
-                    "float64, int8, uint8, int32 or int64");
+        return false;
     }
 }
 
-// What every tensor handed to weft must be.
+// How a tensor's elements travel in an operation that only moves them:
+// in its own weft dtype, count elements per tensor element; a dtype weft
+// lacks (int16, complex, ...) as its bytes.
+struct Wire {
+    weft_dtype dtype;
+    size_t per; // weft elements per tensor element
+    size_t count(const at::Tensor &t) const
+    {
+        return (size_t)t.numel() * per;
+    }
+};
+
+Wire moved(const at::Tensor &t)
+{
+    weft_dtype d;
+    if (weft_dtype_of(t.scalar_type(), &d))
+        return {d, 1};
+    return {WEFT_UINT8, (size_t)t.element_size()};
+}
+
+// What every tensor handed to weft must be. A non-contiguous one is
+// copied (WorkWeft::stage), as gloo does.
 void check_tensor(const at::Tensor &t, const char *what)
 {
     if (!t.defined())
@@ -115,10 +150,6 @@ void check_tensor(const at::Tensor &t, const char *what)
                     "; weft supports CPU tensors only");
     if (t.is_sparse())
         unsupported(std::string(what) + ": sparse tensors are not supported");
-    if (!t.is_contiguous())
-        unsupported(std::string(what) +
-                    ": a non-contiguous tensor; call .contiguous() first");
-    to_weft(t);
 }
 
 const at::Tensor &only(const std::vector<at::Tensor> &v, const char *what)
@@ -128,6 +159,15 @@ const at::Tensor &only(const std::vector<at::Tensor> &v, const char *what)
                     std::to_string(v.size()) + " (one CPU tensor per call)");
     check_tensor(v[0], what);
     return v[0];
+}
+
+void same_dtype(const at::Tensor &a, const at::Tensor &b, const char *what)
+{
+    if (a.scalar_type() != b.scalar_type())
+        unsupported(std::string(what) + ": tensors of " +
+                    c10::toString(a.scalar_type()) + " and " +
+                    c10::toString(b.scalar_type()) +
+                    "; every tensor of the call must have one dtype");
 }
 
 // An int64 option (BroadcastOptions::rootRank) as the C int weft takes: one
@@ -141,40 +181,120 @@ int to_c_int(int64_t v, const char *what)
     return (int)v;
 }
 
-// weft matches the messages between two ranks in post order, with no tags.
-void check_tag(int tag, const char *what)
+// Copies t's bytes (in its logical order) to dst.
+void bytes_out(const at::Tensor &t, void *dst)
 {
-    if (tag != 0)
-        unsupported(std::string(what) + ": tag " + std::to_string(tag) +
-                    "; weft matches messages between two ranks in order and "
-                    "takes tag 0 only");
+    if (t.numel() == 0)
+        return;
+    at::Tensor c = t.contiguous();
+    std::memcpy(dst, c.data_ptr(), c.nbytes());
 }
 
-struct RedOp {
+// Fills t (contiguous or not) from t.nbytes() bytes at src.
+void bytes_in(const at::Tensor &t, const void *src)
+{
+    if (t.numel() == 0)
+        return;
+    if (t.is_contiguous()) {
+        std::memcpy(t.data_ptr(), src, t.nbytes());
+        return;
+    }
+    at::Tensor c = at::empty(t.sizes(), t.options());
+    std::memcpy(c.data_ptr(), src, c.nbytes());
+    t.copy_(c);
+}
+
+// A reduction as weft runs it: its dtype, elements per tensor element, op;
+// AVG sums then divides; BAND, BOR and BXOR (which weft_redop lacks) gather
+// every rank's tensor and fold it here.
+struct Reduced {
+    Wire wire;
     weft_redop op;
     bool avg;
+    bool bitwise;
+    c10d::ReduceOp::RedOpType bit; // BAND, BOR or BXOR where bitwise
 };
 
-RedOp to_weft(const c10d::ReduceOp &r, const at::Tensor &t, const char *what)
+Reduced reduced(const c10d::ReduceOp &r, const at::Tensor &t,
+                const char *what)
 {
-    if (r == c10d::ReduceOp::SUM)
-        return {WEFT_SUM, false};
-    if (r == c10d::ReduceOp::PRODUCT)
-        return {WEFT_PROD, false};
-    if (r == c10d::ReduceOp::MIN)
-        return {WEFT_MIN, false};
-    if (r == c10d::ReduceOp::MAX)
-        return {WEFT_MAX, false};
-    if (r == c10d::ReduceOp::AVG) {
-        if (!at::isFloatingType(t.scalar_type()))
-            unsupported(std::string(what) + ": AVG of " +
-                        c10::toString(t.scalar_type()) +
-                        "; AVG needs a floating dtype");
-        return {WEFT_SUM, true};
+    at::ScalarType s = t.scalar_type();
+    auto refuse = [&](const std::string &why) {
+        unsupported(std::string(what) + ": " + why);
+    };
+    c10d::ReduceOp::RedOpType o = r;
+    bool isint = at::isIntegralType(s, /*includeBool=*/true);
+    if (o == c10d::ReduceOp::BAND || o == c10d::ReduceOp::BOR ||
+        o == c10d::ReduceOp::BXOR) {
+        if (!isint)
+            refuse(std::string("a bitwise reduction of ") +
+                   c10::toString(s) + "; BAND, BOR and BXOR need an "
+                   "integer or bool dtype");
+        if (s == at::kBool && o != c10d::ReduceOp::BXOR)
+            return {moved(t), o == c10d::ReduceOp::BAND ? WEFT_MIN : WEFT_MAX,
+                    false, false, o};
+        return {moved(t), WEFT_SUM, false, true, o};
     }
-    unsupported(std::string(what) +
-                ": this reduction is not supported; use SUM, PRODUCT, MIN, "
-                "MAX or AVG");
+    weft_redop op;
+    bool avg = false;
+    if (o == c10d::ReduceOp::SUM)
+        op = WEFT_SUM;
+    else if (o == c10d::ReduceOp::PRODUCT)
+        op = WEFT_PROD;
+    else if (o == c10d::ReduceOp::MIN)
+        op = WEFT_MIN;
+    else if (o == c10d::ReduceOp::MAX)
+        op = WEFT_MAX;
+    else if (o == c10d::ReduceOp::AVG) {
+        if (!at::isFloatingType(s) && !at::isComplexType(s))
+            refuse(std::string("AVG of ") + c10::toString(s) +
+                   "; AVG needs a floating dtype");
+        op = WEFT_SUM;
+        avg = true;
+    } else {
+        refuse("this reduction is not supported; use SUM, PRODUCT, MIN, "
+               "MAX, AVG, BAND, BOR or BXOR");
+    }
+    if (s == at::kBool) {
+        if (avg)
+            refuse("AVG of Bool");
+        // gloo's bool arithmetic: a sum is an OR, a product an AND.
+        if (op == WEFT_SUM)
+            op = WEFT_MAX;
+        else if (op == WEFT_PROD)
+            op = WEFT_MIN;
+        return {{WEFT_UINT8, 1}, op, false, false, o};
+    }
+    if (at::isComplexType(s)) {
+        // A complex sum is the sum of its real and imaginary parts.
+        if (op != WEFT_SUM)
+            refuse(std::string("only SUM and AVG of ") + c10::toString(s));
+        return {{s == at::kComplexFloat ? WEFT_FLOAT32 : WEFT_FLOAT64, 2},
+                op, avg, false, o};
+    }
+    weft_dtype d;
+    if (!weft_dtype_of(s, &d))
+        refuse(std::string("a reduction of ") + c10::toString(s) +
+               " is not supported; use bool, float16, bfloat16, float32, "
+               "float64, int8, uint8, int32, int64 or complex (SUM)");
+    return {{d, 1}, op, avg, false, o};
+}
+
+// t (rows: one per rank, each the result's size) folded by a bitwise op
+// into out.
+void fold_bitwise(const at::Tensor &rows, at::Tensor out,
+                  c10d::ReduceOp::RedOpType o)
+{
+    at::Tensor acc = rows[0].clone();
+    for (int64_t i = 1; i < rows.size(0); i++) {
+        if (o == c10d::ReduceOp::BAND)
+            acc.bitwise_and_(rows[i]);
+        else if (o == c10d::ReduceOp::BOR)
+            acc.bitwise_or_(rows[i]);
+        else
+            acc.bitwise_xor_(rows[i]);
+    }
+    out.copy_(acc.view(out.sizes()));
 }
 
 std::string hexbytes(const unsigned char *b, size_t n)
@@ -343,10 +463,38 @@ class ProcessGroupWeft : public WeftBase {
     c10::intrusive_ptr<c10d::Work>
     _reduce_scatter_base(at::Tensor &output, at::Tensor &input,
                          const c10d::ReduceScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    allreduce_coalesced(std::vector<at::Tensor> &tensors,
+                        const c10d::AllreduceCoalescedOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    allgather_coalesced(std::vector<std::vector<at::Tensor>> &outputs,
+                        std::vector<at::Tensor> &inputs,
+                        const c10d::AllgatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    reduce(std::vector<at::Tensor> &tensors,
+           const c10d::ReduceOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    gather(std::vector<std::vector<at::Tensor>> &outputs,
+           std::vector<at::Tensor> &inputs,
+           const c10d::GatherOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    scatter(std::vector<at::Tensor> &outputs,
+            std::vector<std::vector<at::Tensor>> &inputs,
+            const c10d::ScatterOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    alltoall_base(at::Tensor &output, at::Tensor &input,
+                  std::vector<int64_t> &outputSplits,
+                  std::vector<int64_t> &inputSplits,
+                  const c10d::AllToAllOptions &opts) override;
+    c10::intrusive_ptr<c10d::Work>
+    alltoall(std::vector<at::Tensor> &outputs, std::vector<at::Tensor> &inputs,
+             const c10d::AllToAllOptions &opts) override;
     c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor> &tensors,
                                         int dst, int tag) override;
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor> &tensors,
                                         int src, int tag) override;
+    c10::intrusive_ptr<c10d::Work>
+    recvAnysource(std::vector<at::Tensor> &tensors, int tag) override;
     c10::intrusive_ptr<c10d::Work>
     barrier(const c10d::BarrierOptions &opts) override;
 
@@ -375,6 +523,17 @@ class ProcessGroupWeft : public WeftBase {
     {
         std::lock_guard<std::mutex> lock(post_mu_);
         return comm_ == nullptr ? -1 : weft_comm_origin_rank(comm_, r);
+    }
+
+    // Group sequence numbers (torch's desync checks): every rank starts
+    // at 0 and counts the collectives it posts, in the order every rank
+    // posts them.
+    void setSequenceNumberForGroup() override
+    {
+    }
+    uint64_t getSequenceNumberForGroup() override
+    {
+        return seq_.load();
     }
 
     void abort()
@@ -445,8 +604,15 @@ class ProcessGroupWeft : public WeftBase {
     post(c10::intrusive_ptr<WorkWeft> w, const char *what,
          const std::function<int(weft_request **)> &start);
 
+    // Posts an all_reduce of buf (contiguous) by red: AVG's division and a
+    // bitwise fold go into w's after_ steps.
+    c10::intrusive_ptr<c10d::Work>
+    post_allreduce(c10::intrusive_ptr<WorkWeft> w, const at::Tensor &buf,
+                   const Reduced &red, const char *what);
+
     weft_comm *comm_ = nullptr;
     bool uses_hostfile_ = false;
+    std::atomic<uint64_t> seq_{0}; // collectives posted
     std::mutex post_mu_; // posts come from one thread at a time (weft.h)
 };
 
@@ -508,13 +674,44 @@ class WorkWeft : public c10d::Work {
         return outputs_;
     }
 
-    std::vector<at::Tensor> keep_;  // inputs and staging, borrowed by weft
-    std::function<void()> after_;   // runs on success, before completion
+    std::vector<at::Tensor> keep_; // inputs and staging, borrowed by weft
+    std::vector<size_t> counts_;   // all_to_allv's counts and displacements
+    // Run on success, in order, before completion: after_ (copy out of a
+    // staging buffer, divide for AVG), then back_ (copy a staged output
+    // back into the caller's non-contiguous tensor).
+    std::vector<std::function<void()>> after_, back_;
 
+    void then(std::function<void()> f)
+    {
+        after_.push_back(std::move(f));
+    }
     // AVG: weft sums, then t (the result) is divided by the group's size.
     void divide_after(at::Tensor t, int n)
     {
-        after_ = [t, n]() mutable { t.div_(n); };
+        then([t, n]() mutable { t.div_(n); });
+    }
+    // The memory weft takes for t: t itself where contiguous, else a
+    // contiguous copy taken now, kept by the Work and, for an output,
+    // copied back into t on success.
+    at::Tensor stage(const at::Tensor &t, bool output)
+    {
+        if (t.is_contiguous())
+            return t;
+        at::Tensor c = t.contiguous();
+        keep_.push_back(c);
+        if (output) {
+            at::Tensor dst = t;
+            back_.push_back([dst, c]() mutable { dst.copy_(c); });
+        }
+        return c;
+    }
+    // recv from any source: the rank the message came from.
+    int sourceRank() const override
+    {
+        int src = weft_request_source(req_);
+        if (src < 0)
+            return c10d::Work::sourceRank();
+        return src;
     }
     const char *what_ = "";
 
@@ -568,9 +765,12 @@ class WorkWeft : public c10d::Work {
     void complete(int result)
     {
         std::exception_ptr e;
-        if (result == WEFT_OK && after_) {
+        if (result == WEFT_OK) {
             try {
-                after_();
+                for (auto &f : after_)
+                    f();
+                for (auto &f : back_)
+                    f();
             } catch (...) {
                 e = std::current_exception();
             }
@@ -693,6 +893,10 @@ ProcessGroupWeft::post(c10::intrusive_ptr<WorkWeft> w, const char *what,
     if (rc != WEFT_OK)
         std::rethrow_exception(weft_error(rc, std::string("weft: ") + what,
                                           weft_last_error(comm_)));
+    c10d::OpType type = w->retrieveOpType();
+    if (type != c10d::OpType::SEND && type != c10d::OpType::RECV &&
+        type != c10d::OpType::RECVANYSOURCE)
+        seq_++;
     // The request holds a reference until its callback has run.
     weft_request_on_complete(w->req_, &WorkWeft::on_complete,
                              new c10::intrusive_ptr<WorkWeft>(w));
@@ -709,9 +913,38 @@ ProcessGroupWeft::broadcast(std::vector<at::Tensor> &tensors,
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::BROADCAST,
                                            tensors);
     int root = to_c_int(opts.rootRank, "broadcast: root (src)");
+    at::Tensor buf = w->stage(t, true);
+    Wire wire = moved(buf);
     return post(w, "broadcast", [&](weft_request **r) {
-        return weft_ibroadcast(comm_, t.data_ptr(), (size_t)t.numel(),
-                               to_weft(t), root, r);
+        return weft_ibroadcast(comm_, buf.data_ptr(), wire.count(buf),
+                               wire.dtype, root, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::post_allreduce(c10::intrusive_ptr<WorkWeft> w,
+                                 const at::Tensor &buf, const Reduced &red,
+                                 const char *what)
+{
+    if (red.bitwise) {
+        // Every rank's tensor, then folded here.
+        at::Tensor rows = at::empty({getSize(), buf.numel()}, buf.options());
+        w->keep_.push_back(rows);
+        c10d::ReduceOp::RedOpType bit = red.bit;
+        at::Tensor out = buf;
+        w->then([rows, out, bit]() { fold_bitwise(rows, out, bit); });
+        Wire wire = moved(buf);
+        return post(w, what, [&](weft_request **r) {
+            return weft_iall_gather(comm_, buf.data_ptr(), rows.data_ptr(),
+                                    wire.count(buf), wire.dtype, r);
+        });
+    }
+    if (red.avg)
+        w->divide_after(buf, getSize());
+    return post(w, what, [&](weft_request **r) {
+        return weft_iall_reduce(comm_, buf.data_ptr(), buf.data_ptr(),
+                                red.wire.count(buf), red.wire.dtype, red.op,
+                                r);
     });
 }
 
@@ -720,14 +953,85 @@ ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
                             const c10d::AllreduceOptions &opts)
 {
     const at::Tensor &t = only(tensors, "all_reduce");
-    RedOp op = to_weft(opts.reduceOp, t, "all_reduce");
+    Reduced red = reduced(opts.reduceOp, t, "all_reduce");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLREDUCE,
                                            tensors);
-    if (op.avg)
-        w->divide_after(t, getSize());
-    return post(w, "all_reduce", [&](weft_request **r) {
-        return weft_iall_reduce(comm_, t.data_ptr(), t.data_ptr(),
-                                (size_t)t.numel(), to_weft(t), op.op, r);
+    at::Tensor buf = w->stage(t, true);
+    return post_allreduce(w, buf, red, "all_reduce");
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allreduce_coalesced(
+    std::vector<at::Tensor> &tensors,
+    const c10d::AllreduceCoalescedOptions &opts)
+{
+    if (tensors.empty())
+        unsupported("all_reduce_coalesced: no tensors");
+    for (auto &t : tensors) {
+        check_tensor(t, "all_reduce_coalesced");
+        same_dtype(t, tensors[0], "all_reduce_coalesced");
+    }
+    Reduced red = reduced(opts.reduceOp, tensors[0], "all_reduce_coalesced");
+    // The tensors end to end in one buffer, reduced at once, copied back.
+    int64_t total = 0;
+    for (auto &t : tensors)
+        total += t.numel();
+    at::Tensor flat = at::empty({total}, tensors[0].options());
+    char *p = (char *)flat.data_ptr();
+    for (auto &t : tensors) {
+        bytes_out(t, p);
+        p += t.nbytes();
+    }
+    auto w = c10::make_intrusive<WorkWeft>(
+        this, c10d::OpType::ALLREDUCE_COALESCED, tensors);
+    w->keep_.push_back(flat);
+    std::vector<at::Tensor> outs = tensors;
+    w->back_.push_back([flat, outs]() {
+        const char *q = (const char *)flat.data_ptr();
+        for (auto &o : outs) {
+            bytes_in(o, q);
+            q += o.nbytes();
+        }
+    });
+    return post_allreduce(w, flat, red, "all_reduce_coalesced");
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::reduce(std::vector<at::Tensor> &tensors,
+                         const c10d::ReduceOptions &opts)
+{
+    const at::Tensor &t = only(tensors, "reduce");
+    if (opts.rootTensor != 0)
+        unsupported("reduce: rootTensor must be 0");
+    int root = to_c_int(opts.rootRank, "reduce: root (dst)");
+    Reduced red = reduced(opts.reduceOp, t, "reduce");
+    bool am_root = root == getRank();
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::REDUCE,
+                                           tensors);
+    // The root's tensor takes the result (in place); the others' are
+    // only read.
+    at::Tensor buf = w->stage(t, am_root);
+    if (red.bitwise) {
+        at::Tensor rows = at::empty({am_root ? getSize() : 0, buf.numel()},
+                                    buf.options());
+        w->keep_.push_back(rows);
+        if (am_root) {
+            c10d::ReduceOp::RedOpType bit = red.bit;
+            w->then([rows, buf, bit]() { fold_bitwise(rows, buf, bit); });
+        }
+        Wire wire = moved(buf);
+        return post(w, "reduce", [&](weft_request **r) {
+            return weft_igather(comm_, buf.data_ptr(),
+                                am_root ? rows.data_ptr() : nullptr,
+                                wire.count(buf), wire.dtype, root, r);
+        });
+    }
+    if (red.avg && am_root)
+        w->divide_after(buf, getSize());
+    return post(w, "reduce", [&](weft_request **r) {
+        return weft_ireduce(comm_, buf.data_ptr(),
+                            am_root ? buf.data_ptr() : nullptr,
+                            red.wire.count(buf), red.wire.dtype, red.op, root,
+                            r);
     });
 }
 
@@ -743,10 +1047,13 @@ ProcessGroupWeft::_allgather_base(at::Tensor &output, at::Tensor &input,
                     "input's dtype and world_size times its elements");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::_ALLGATHER_BASE,
                                            std::vector<at::Tensor>{output});
-    w->keep_.push_back(input);
+    at::Tensor in = w->stage(input, false);
+    at::Tensor out = w->stage(output, true);
+    w->keep_.push_back(in);
+    Wire wire = moved(in);
     return post(w, "all_gather_into_tensor", [&](weft_request **r) {
-        return weft_iall_gather(comm_, input.data_ptr(), output.data_ptr(),
-                                (size_t)input.numel(), to_weft(input), r);
+        return weft_iall_gather(comm_, in.data_ptr(), out.data_ptr(),
+                                wire.count(in), wire.dtype, r);
     });
 }
 
@@ -755,30 +1062,177 @@ ProcessGroupWeft::allgather(std::vector<std::vector<at::Tensor>> &outputs,
                             std::vector<at::Tensor> &inputs,
                             const c10d::AllgatherOptions &)
 {
-    const at::Tensor &in = only(inputs, "all_gather");
+    const at::Tensor &input = only(inputs, "all_gather");
     if (outputs.size() != 1 || outputs[0].size() != (size_t)getSize())
         unsupported("all_gather: expected one list of world_size tensors");
     for (auto &o : outputs[0]) {
         check_tensor(o, "all_gather");
-        if (o.scalar_type() != in.scalar_type() || o.numel() != in.numel())
+        if (o.scalar_type() != input.scalar_type() ||
+            o.numel() != input.numel())
             unsupported("all_gather: every output must have the input's "
                         "dtype and number of elements");
     }
     // Gathered into one buffer, then copied into each output.
-    at::Tensor flat = at::empty({in.numel() * getSize()}, in.options());
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLGATHER,
                                            outputs[0]);
+    at::Tensor in = w->stage(input, false);
+    at::Tensor flat = at::empty({in.numel() * getSize()}, in.options());
     w->keep_ = {in, flat};
     std::vector<at::Tensor> outs = outputs[0];
-    w->after_ = [flat, outs]() {
-        size_t bytes = flat.nbytes() / outs.size();
-        for (size_t i = 0; i < outs.size(); i++)
-            std::memcpy(outs[i].data_ptr(),
-                        (const char *)flat.data_ptr() + i * bytes, bytes);
-    };
+    w->then([flat, outs]() {
+        const char *q = (const char *)flat.data_ptr();
+        for (auto &o : outs) {
+            bytes_in(o, q);
+            q += o.nbytes();
+        }
+    });
+    Wire wire = moved(in);
     return post(w, "all_gather", [&](weft_request **r) {
         return weft_iall_gather(comm_, in.data_ptr(), flat.data_ptr(),
-                                (size_t)in.numel(), to_weft(in), r);
+                                wire.count(in), wire.dtype, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>> &outputs,
+    std::vector<at::Tensor> &inputs, const c10d::AllgatherOptions &)
+{
+    const char *what = "all_gather_coalesced";
+    if (outputs.size() != (size_t)getSize())
+        unsupported(std::string(what) +
+                    ": expected world_size lists of output tensors");
+    for (auto &t : inputs)
+        check_tensor(t, what);
+    for (auto &list : outputs) {
+        if (list.size() != inputs.size())
+            unsupported(std::string(what) + ": each output list must hold "
+                        "as many tensors as the input list");
+        for (size_t j = 0; j < list.size(); j++) {
+            check_tensor(list[j], what);
+            if (list[j].scalar_type() != inputs[j].scalar_type() ||
+                list[j].numel() != inputs[j].numel())
+                unsupported(std::string(what) + ": output " +
+                            std::to_string(j) + " of each list must have "
+                            "input " + std::to_string(j) +
+                            "'s dtype and number of elements");
+        }
+    }
+    // Every input's bytes end to end (any dtypes), gathered as bytes.
+    int64_t bytes = 0;
+    for (auto &t : inputs)
+        bytes += (int64_t)t.nbytes();
+    at::Tensor in = at::empty({bytes}, at::kByte);
+    char *p = (char *)in.data_ptr();
+    for (auto &t : inputs) {
+        bytes_out(t, p);
+        p += t.nbytes();
+    }
+    at::Tensor flat = at::empty({bytes * getSize()}, at::kByte);
+    std::vector<at::Tensor> all;
+    for (auto &list : outputs)
+        all.insert(all.end(), list.begin(), list.end());
+    auto w = c10::make_intrusive<WorkWeft>(
+        this, c10d::OpType::ALLGATHER_COALESCED, all);
+    w->keep_ = {in, flat};
+    w->then([flat, all]() {
+        const char *q = (const char *)flat.data_ptr();
+        for (auto &o : all) {
+            bytes_in(o, q);
+            q += o.nbytes();
+        }
+    });
+    return post(w, what, [&](weft_request **r) {
+        return weft_iall_gather(comm_, in.data_ptr(), flat.data_ptr(),
+                                (size_t)bytes, WEFT_UINT8, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::gather(std::vector<std::vector<at::Tensor>> &outputs,
+                         std::vector<at::Tensor> &inputs,
+                         const c10d::GatherOptions &opts)
+{
+    const at::Tensor &input = only(inputs, "gather");
+    int root = to_c_int(opts.rootRank, "gather: root (dst)");
+    bool am_root = root == getRank();
+    if (am_root) {
+        if (outputs.size() != 1 || outputs[0].size() != (size_t)getSize())
+            unsupported("gather: the root needs one list of world_size "
+                        "output tensors");
+        for (auto &o : outputs[0]) {
+            check_tensor(o, "gather");
+            if (o.scalar_type() != input.scalar_type() ||
+                o.numel() != input.numel())
+                unsupported("gather: every output must have the input's "
+                            "dtype and number of elements");
+        }
+    } else if (!outputs.empty()) {
+        unsupported("gather: only the root takes output tensors");
+    }
+    std::vector<at::Tensor> outs = am_root ? outputs[0]
+                                           : std::vector<at::Tensor>{};
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::GATHER, outs);
+    at::Tensor in = w->stage(input, false);
+    at::Tensor flat = at::empty({am_root ? in.numel() * getSize() : 0},
+                                in.options());
+    w->keep_ = {in, flat};
+    if (am_root)
+        w->then([flat, outs]() {
+            const char *q = (const char *)flat.data_ptr();
+            for (auto &o : outs) {
+                bytes_in(o, q);
+                q += o.nbytes();
+            }
+        });
+    Wire wire = moved(in);
+    return post(w, "gather", [&](weft_request **r) {
+        return weft_igather(comm_, in.data_ptr(),
+                            am_root ? flat.data_ptr() : nullptr,
+                            wire.count(in), wire.dtype, root, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::scatter(std::vector<at::Tensor> &outputs,
+                          std::vector<std::vector<at::Tensor>> &inputs,
+                          const c10d::ScatterOptions &opts)
+{
+    const at::Tensor &output = only(outputs, "scatter");
+    int root = to_c_int(opts.rootRank, "scatter: root (src)");
+    bool am_root = root == getRank();
+    if (am_root) {
+        if (inputs.size() != 1 || inputs[0].size() != (size_t)getSize())
+            unsupported("scatter: the root needs one list of world_size "
+                        "input tensors");
+        for (auto &i : inputs[0]) {
+            check_tensor(i, "scatter");
+            if (i.scalar_type() != output.scalar_type() ||
+                i.numel() != output.numel())
+                unsupported("scatter: every input must have the output's "
+                            "dtype and number of elements");
+        }
+    } else if (!inputs.empty()) {
+        unsupported("scatter: only the root takes input tensors");
+    }
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::SCATTER,
+                                           outputs);
+    at::Tensor out = w->stage(output, true);
+    // The root's inputs end to end, copied now: the caller may reuse them.
+    at::Tensor flat = at::empty({am_root ? out.numel() * getSize() : 0},
+                                out.options());
+    if (am_root) {
+        char *p = (char *)flat.data_ptr();
+        for (auto &i : inputs[0]) {
+            bytes_out(i, p);
+            p += i.nbytes();
+        }
+    }
+    w->keep_.push_back(flat);
+    Wire wire = moved(out);
+    return post(w, "scatter", [&](weft_request **r) {
+        return weft_iscatter(comm_, am_root ? flat.data_ptr() : nullptr,
+                             out.data_ptr(), wire.count(out), wire.dtype,
+                             root, r);
     });
 }
 
@@ -792,17 +1246,22 @@ ProcessGroupWeft::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
         input.numel() != output.numel() * getSize())
         unsupported("reduce_scatter_tensor: the input must have the output's "
                     "dtype and world_size times its elements");
-    RedOp op = to_weft(opts.reduceOp, output, "reduce_scatter_tensor");
+    Reduced red = reduced(opts.reduceOp, output, "reduce_scatter_tensor");
+    if (red.bitwise)
+        unsupported("reduce_scatter_tensor: BAND, BOR and BXOR are "
+                    "supported by all_reduce and reduce only");
     auto w = c10::make_intrusive<WorkWeft>(
         this, c10d::OpType::_REDUCE_SCATTER_BASE,
         std::vector<at::Tensor>{output});
-    w->keep_.push_back(input);
-    if (op.avg)
-        w->divide_after(output, getSize());
+    at::Tensor in = w->stage(input, false);
+    at::Tensor out = w->stage(output, true);
+    w->keep_.push_back(in);
+    if (red.avg)
+        w->divide_after(out, getSize());
     return post(w, "reduce_scatter_tensor", [&](weft_request **r) {
-        return weft_ireduce_scatter(comm_, input.data_ptr(), output.data_ptr(),
-                                    (size_t)output.numel(), to_weft(output),
-                                    op.op, r);
+        return weft_ireduce_scatter(comm_, in.data_ptr(), out.data_ptr(),
+                                    red.wire.count(out), red.wire.dtype,
+                                    red.op, r);
     });
 }
 
@@ -811,31 +1270,154 @@ ProcessGroupWeft::reduce_scatter(std::vector<at::Tensor> &outputs,
                                  std::vector<std::vector<at::Tensor>> &inputs,
                                  const c10d::ReduceScatterOptions &opts)
 {
-    const at::Tensor &out = only(outputs, "reduce_scatter");
+    const at::Tensor &output = only(outputs, "reduce_scatter");
     if (inputs.size() != 1 || inputs[0].size() != (size_t)getSize())
         unsupported("reduce_scatter: expected one list of world_size tensors");
     for (auto &i : inputs[0]) {
         check_tensor(i, "reduce_scatter");
-        if (i.scalar_type() != out.scalar_type() || i.numel() != out.numel())
+        if (i.scalar_type() != output.scalar_type() ||
+            i.numel() != output.numel())
             unsupported("reduce_scatter: every input must have the output's "
                         "dtype and number of elements");
     }
-    RedOp op = to_weft(opts.reduceOp, out, "reduce_scatter");
-    // The inputs laid end to end, copied now: the caller may reuse them.
-    at::Tensor flat = at::empty({out.numel() * getSize()}, out.options());
-    size_t bytes = out.nbytes();
-    for (size_t i = 0; i < inputs[0].size(); i++)
-        std::memcpy((char *)flat.data_ptr() + i * bytes,
-                    inputs[0][i].data_ptr(), bytes);
+    Reduced red = reduced(opts.reduceOp, output, "reduce_scatter");
+    if (red.bitwise)
+        unsupported("reduce_scatter: BAND, BOR and BXOR are supported by "
+                    "all_reduce and reduce only");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::REDUCE_SCATTER,
                                            outputs);
+    at::Tensor out = w->stage(output, true);
+    // The inputs laid end to end, copied now: the caller may reuse them.
+    at::Tensor flat = at::empty({out.numel() * getSize()}, out.options());
+    char *p = (char *)flat.data_ptr();
+    for (auto &i : inputs[0]) {
+        bytes_out(i, p);
+        p += i.nbytes();
+    }
     w->keep_.push_back(flat);
-    if (op.avg)
+    if (red.avg)
         w->divide_after(out, getSize());
     return post(w, "reduce_scatter", [&](weft_request **r) {
         return weft_ireduce_scatter(comm_, flat.data_ptr(), out.data_ptr(),
-                                    (size_t)out.numel(), to_weft(out), op.op,
-                                    r);
+                                    red.wire.count(out), red.wire.dtype,
+                                    red.op, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(
+    at::Tensor &output, at::Tensor &input, std::vector<int64_t> &outputSplits,
+    std::vector<int64_t> &inputSplits, const c10d::AllToAllOptions &)
+{
+    const char *what = "all_to_all_single";
+    check_tensor(input, what);
+    check_tensor(output, what);
+    same_dtype(input, output, what);
+    size_t n = (size_t)getSize();
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLTOALL_BASE,
+                                           std::vector<at::Tensor>{output});
+    at::Tensor in = w->stage(input, false);
+    at::Tensor out = w->stage(output, true);
+    w->keep_.push_back(in);
+    Wire wire = moved(in);
+    if (inputSplits.empty() && outputSplits.empty()) {
+        if (in.numel() % (int64_t)n != 0 || out.numel() != in.numel())
+            unsupported(std::string(what) + ": without splits, input and "
+                        "output must have one number of elements, a "
+                        "multiple of world_size");
+        size_t count = wire.count(in) / n;
+        return post(w, what, [&](weft_request **r) {
+            return weft_iall_to_all(comm_, in.data_ptr(), out.data_ptr(),
+                                    count, wire.dtype, r);
+        });
+    }
+    // Splits count rows (dim 0); no split list means equal rows.
+    auto counts = [&](const at::Tensor &t, const std::vector<int64_t> &splits,
+                      size_t *c, size_t *d, const char *side) {
+        int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+        size_t row = rows == 0 ? 0 : wire.count(t) / (size_t)rows;
+        if (!splits.empty() && splits.size() != n)
+            unsupported(std::string(what) + ": " + side +
+                        " splits must have world_size entries");
+        if (splits.empty() && rows % (int64_t)n != 0)
+            unsupported(std::string(what) + ": the " + side + "'s " +
+                        std::to_string(rows) + " rows do not split evenly "
+                        "among world_size ranks");
+        int64_t sum = 0;
+        for (size_t p = 0; p < n; p++) {
+            int64_t s = splits.empty() ? rows / (int64_t)n : splits[p];
+            if (s < 0)
+                unsupported(std::string(what) + ": a negative split");
+            c[p] = (size_t)s * row;
+            d[p] = (size_t)sum * row;
+            sum += s;
+        }
+        if (sum != rows)
+            unsupported(std::string(what) + ": the " + side + " splits add "
+                        "up to " + std::to_string(sum) + " rows, the " + side +
+                        " has " + std::to_string(rows));
+    };
+    w->counts_.assign(4 * n, 0);
+    size_t *c = w->counts_.data();
+    counts(in, inputSplits, c, c + n, "input");
+    counts(out, outputSplits, c + 2 * n, c + 3 * n, "output");
+    return post(w, what, [&](weft_request **r) {
+        return weft_iall_to_allv(comm_, in.data_ptr(), c, c + n,
+                                 out.data_ptr(), c + 2 * n, c + 3 * n,
+                                 wire.dtype, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::alltoall(std::vector<at::Tensor> &outputs,
+                           std::vector<at::Tensor> &inputs,
+                           const c10d::AllToAllOptions &)
+{
+    const char *what = "all_to_all";
+    size_t n = (size_t)getSize();
+    if (inputs.size() != n || outputs.size() != n)
+        unsupported(std::string(what) + ": expected world_size input and "
+                    "output tensors");
+    for (size_t p = 0; p < n; p++) {
+        check_tensor(inputs[p], what);
+        check_tensor(outputs[p], what);
+        same_dtype(inputs[p], inputs[0], what);
+        same_dtype(outputs[p], inputs[0], what);
+    }
+    Wire wire = moved(inputs[0]);
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLTOALL,
+                                           outputs);
+    // Inputs end to end (copied now), outputs from one buffer.
+    w->counts_.assign(4 * n, 0);
+    size_t *c = w->counts_.data();
+    int64_t in_total = 0, out_total = 0;
+    for (size_t p = 0; p < n; p++) {
+        c[p] = wire.count(inputs[p]);
+        c[n + p] = (size_t)in_total * wire.per;
+        in_total += inputs[p].numel();
+        c[2 * n + p] = wire.count(outputs[p]);
+        c[3 * n + p] = (size_t)out_total * wire.per;
+        out_total += outputs[p].numel();
+    }
+    at::Tensor in = at::empty({in_total}, inputs[0].options());
+    at::Tensor out = at::empty({out_total}, inputs[0].options());
+    char *q = (char *)in.data_ptr();
+    for (auto &t : inputs) {
+        bytes_out(t, q);
+        q += t.nbytes();
+    }
+    w->keep_ = {in, out};
+    std::vector<at::Tensor> outs = outputs;
+    w->then([out, outs]() {
+        const char *s = (const char *)out.data_ptr();
+        for (auto &o : outs) {
+            bytes_in(o, s);
+            s += o.nbytes();
+        }
+    });
+    return post(w, what, [&](weft_request **r) {
+        return weft_iall_to_allv(comm_, in.data_ptr(), c, c + n,
+                                 out.data_ptr(), c + 2 * n, c + 3 * n,
+                                 wire.dtype, r);
     });
 }
 
@@ -843,11 +1425,12 @@ c10::intrusive_ptr<c10d::Work>
 ProcessGroupWeft::send(std::vector<at::Tensor> &tensors, int dst, int tag)
 {
     const at::Tensor &t = only(tensors, "send");
-    check_tag(tag, "send");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::SEND, tensors);
+    at::Tensor buf = w->stage(t, false);
+    Wire wire = moved(buf);
     return post(w, "send", [&](weft_request **r) {
-        return weft_isend(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
-                          dst, r);
+        return weft_isend_tag(comm_, buf.data_ptr(), wire.count(buf),
+                              wire.dtype, dst, tag, r);
     });
 }
 
@@ -855,11 +1438,26 @@ c10::intrusive_ptr<c10d::Work>
 ProcessGroupWeft::recv(std::vector<at::Tensor> &tensors, int src, int tag)
 {
     const at::Tensor &t = only(tensors, "recv");
-    check_tag(tag, "recv");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::RECV, tensors);
+    at::Tensor buf = w->stage(t, true);
+    Wire wire = moved(buf);
     return post(w, "recv", [&](weft_request **r) {
-        return weft_irecv(comm_, t.data_ptr(), (size_t)t.numel(), to_weft(t),
-                          src, r);
+        return weft_irecv_tag(comm_, buf.data_ptr(), wire.count(buf),
+                              wire.dtype, src, tag, r);
+    });
+}
+
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::recvAnysource(std::vector<at::Tensor> &tensors, int tag)
+{
+    const at::Tensor &t = only(tensors, "recv");
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::RECVANYSOURCE,
+                                           tensors);
+    at::Tensor buf = w->stage(t, true);
+    Wire wire = moved(buf);
+    return post(w, "recv (any source)", [&](weft_request **r) {
+        return weft_irecv_tag(comm_, buf.data_ptr(), wire.count(buf),
+                              wire.dtype, WEFT_ANY_SOURCE, tag, r);
     });
 }
 
