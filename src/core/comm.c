@@ -174,6 +174,19 @@ int weft__comm_start(weft_comm *c, int listen_fd, uint64_t deadline_ms)
     /* A table this rank cannot run fails every rank, told as the ranks
      * compare their settings (below). */
     rc = weft__tune_init(&c->tune, &c->x, init_errmsg, sizeof init_errmsg);
+    if (rc != 0 && c->derived && c->x.tp != NULL) {
+        /* A communicator shrunk or split from another has a shape nobody
+         * chose (hosts of unequal ranks, fewer hosts): where WEFT_ALGO's
+         * table cannot run on it, it runs the defaults, the same on
+         * every rank (they all have the same shape). */
+        weft__log(WEFT__LOG_WARN, c->x.rank,
+                  "%s; this communicator (of %d ranks, made from another) "
+                  "runs the default table",
+                  init_errmsg, c->x.nranks);
+        init_errmsg[0] = '\0';
+        rc = weft__tune_init_from(&c->tune, &c->x, NULL, init_errmsg,
+                                  sizeof init_errmsg);
+    }
     if (rc != 0 && c->x.tp == NULL)
         goto fail;
     if (rc == 0 && (c->info = info_make(c)) == NULL) {

@@ -42,6 +42,7 @@ struct weft_comm {
     int *origin;
     int32_t *pids;
     unsigned splits; /* weft_comm_split calls on this communicator */
+    int derived;     /* made by weft_comm_shrink or weft_comm_split */
 };
 
 /* The socket of l, which is freed (-1 for NULL): the caller closes it. */

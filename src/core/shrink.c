@@ -435,7 +435,8 @@ enum {
     FOLLOW_DONE = 0,
     FOLLOW_LEADER_DEAD = 1,
     FOLLOW_TIMEOUT = 2,
-    FOLLOW_OUT = 3 /* the others went on without this rank */
+    FOLLOW_OUT = 3,        /* the others went on without this rank */
+    FOLLOW_UNREACHABLE = 4 /* no route from this rank to the leader */
 };
 
 /* A member's part with leader L: FOLLOW_DONE with *set, or the leader
@@ -449,6 +450,11 @@ static int follow(agree *a, int L, uint8_t *set)
         a->deadline + 2 * (uint64_t)a->c->cfg.connect_timeout_ms;
     uint8_t *known = malloc((size_t)a->n);
     int attempt = 0, result = FOLLOW_TIMEOUT;
+    /* What the tries showed of L by the deadline: its port taken by a
+     * process that closed the connection before the agreement answered
+     * (L alive, in its old communicator or already in a new one), a
+     * connection made at all, a route. */
+    int alive_seen = 0, connected = 0, routed = 0;
 
     if (known == NULL)
         return FOLLOW_TIMEOUT;
@@ -475,9 +481,14 @@ static int follow(agree *a, int L, uint8_t *set)
         if (!(pf.revents & POLLOUT) ||
             getsockopt(l.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
             err != 0 || msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
+            /* Refused: L's host answers, nobody listens (L is gone, or
+             * between its old communicator and this agreement). */
+            if ((pf.revents & POLLOUT) && err == ECONNREFUSED)
+                routed = 1, alive_seen = 0; /* what counts is the last */
             close(l.fd);
             continue;
         }
+        connected = routed = 1;
         memcpy(known, a->dead, (size_t)a->n);
         /* Wait for the leader; tell it of deaths seen meanwhile. */
         for (;;) {
@@ -554,9 +565,21 @@ static int follow(agree *a, int L, uint8_t *set)
             break;
         }
         /* Closed before it welcomed us: not (yet) the leader's agreement
-         * at that port (the old communicator, or nobody): try again. */
+         * at that port (its old communicator, or a new one made without
+         * this rank): try again. */
+        if (!welcomed)
+            alive_seen = 1;
     }
     free(known);
+    /* By the deadline, L never answered: a process that holds its port
+     * but never took part is alive and went on without this rank (or
+     * comes too late): this rank is out; no route to L at all, and this
+     * rank cannot take part. Else (refused, or a connection nobody
+     * answered: a stopped process) L is out. */
+    if (result == FOLLOW_TIMEOUT && alive_seen)
+        result = FOLLOW_OUT;
+    else if (result == FOLLOW_TIMEOUT && !connected && !routed)
+        result = FOLLOW_UNREACHABLE;
     return result;
 }
 
@@ -584,10 +607,18 @@ static int agree_run(agree *a, uint8_t *set)
         case FOLLOW_OUT:
             snprintf(a->errmsg, a->errlen,
                      "rank %d: weft_comm_shrink: the other ranks went on "
-                     "without this one (it did not answer rank %d, which "
-                     "led the agreement, in time)",
+                     "without this one (rank %d, which leads the agreement, "
+                     "did not take it in by the connect deadline)",
                      a->me, L);
             return WEFT_ETIMEDOUT;
+        case FOLLOW_UNREACHABLE:
+            snprintf(a->errmsg, a->errlen,
+                     "rank %d: weft_comm_shrink: no route from this rank's "
+                     "host to rank %d's (host %s), which leads the "
+                     "agreement: the agreement needs a cable between the "
+                     "host of the lowest rank alive and every other host",
+                     a->me, L, a->c->cfg.hosts[a->c->cfg.rank_host[L]].name);
+            return WEFT_ENOTSUP;
         default:
             break;
         }
@@ -647,6 +678,7 @@ static int make(weft_comm *c, const int *members, int n, const int *ports,
         h = fnv(h, &i, sizeof i);
         k->cfg.token[i] ^= (uint8_t)(h >> 24);
     }
+    k->derived = 1;
     if ((rc = weft__comm_ctx_init(k, c->x.timeout_ms)) == 0) {
         for (int i = 0; i < n; i++)
             k->origin[i] = c->origin[members[i]];

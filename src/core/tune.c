@@ -679,6 +679,12 @@ int weft__tune_build(weft__tune *t, const weft__config *cfg,
 int weft__tune_init(weft__tune *t, const weft__ctx *c, char *errmsg,
                     size_t errlen)
 {
+    return weft__tune_init_from(t, c, getenv("WEFT_ALGO"), errmsg, errlen);
+}
+
+int weft__tune_init_from(weft__tune *t, const weft__ctx *c, const char *algo,
+                         char *errmsg, size_t errlen)
+{
     weft__tune_env env = {WEFT__ON_RING, c->box, c->pull, 0};
 
     if (c->tp != NULL)
@@ -686,8 +692,7 @@ int weft__tune_init(weft__tune *t, const weft__ctx *c, char *errmsg,
     else
         /* One rank: nothing can fail to run, as nothing runs. */
         env = (weft__tune_env){WEFT__ON_MESH, 0, 0, 1};
-    return weft__tune_build(t, c->cfg, &env, getenv("WEFT_ALGO"), errmsg,
-                            errlen);
+    return weft__tune_build(t, c->cfg, &env, algo, errmsg, errlen);
 }
 
 weft__algo_fn weft__tune_pick(const weft__tune *t, const weft__ctx *c, int kind,

@@ -87,6 +87,9 @@ int weft__tune_build(weft__tune *t, const weft__config *cfg,
  * runs no algorithm: its WEFT_ALGO must parse, nothing more. */
 int weft__tune_init(weft__tune *t, const weft__ctx *c, char *errmsg,
                     size_t errlen);
+/* The same with algo (NULL or "": the defaults) in place of WEFT_ALGO. */
+int weft__tune_init_from(weft__tune *t, const weft__ctx *c, const char *algo,
+                         char *errmsg, size_t errlen);
 
 /* The algorithm that runs operation `kind` (WEFT__OP_*) with arguments a
  * on c under table t, and whether consecutive calls of it may run as one

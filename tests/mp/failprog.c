@@ -18,6 +18,9 @@
  * cable between them the messages are relayed. "pairs S": the same over
  * and over for S seconds (rank 0's clock), printing "ready" first.
  *
+ * "shrink V": rank V leaves and the others go on without it
+ * (weft_comm_shrink), checked.
+ *
  * "abort" exercises weft_abort() from a second thread (CI runs it under
  * ThreadSanitizer): the other ranks stay away from rank 0's all_reduce
  * until it was aborted, and all exit 0 when the outcome is the documented
@@ -216,6 +219,87 @@ again:
     return bad ? 3 : 0;
 }
 
+/* "shrink V": rank V exits (no finalize, as a killed process) after a
+ * barrier; the others see their all_reduce fail, shrink, and check an
+ * all_reduce and a sendrecv ring on the ranks left: "shrunk <rank> of
+ * <size> in <ms>" (ms from the failure to the first right all_reduce),
+ * exit 0; or "FAILED ..." and exit 3. */
+static int shrink_mode(weft_comm *c, int victim)
+{
+    int n = weft_size(c), me = weft_rank(c), rc;
+    float v[4096];
+    weft_comm *s = NULL;
+    double t0;
+
+    if (weft_barrier(c) != WEFT_OK) {
+        printf("FAILED barrier: %s\n", weft_last_error(c));
+        return 3;
+    }
+    printf("ready\n");
+    fflush(stdout);
+    if (me == victim)
+        _exit(0);
+    for (int k = 0; k < 4096; k++)
+        v[k] = 1;
+    t0 = now_ms();
+    rc = weft_all_reduce(c, v, v, 4096, WEFT_FLOAT32, WEFT_SUM);
+    if (rc == WEFT_OK) {
+        printf("FAILED: all_reduce succeeded without rank %d\n", victim);
+        return 3;
+    }
+    printf("failed as it should after %.0f ms: %s\n", now_ms() - t0,
+           weft_last_error(c));
+    t0 = now_ms();
+    fflush(stdout);
+    if ((rc = weft_comm_shrink(c, &s)) != WEFT_OK) {
+        printf("FAILED shrink %s: %s\n", weft_err_name(rc),
+               weft_last_error(NULL));
+        weft_finalize(c);
+        return 3;
+    }
+    for (int k = 0; k < 4096; k++)
+        v[k] = (float)(weft_comm_origin_rank(s, weft_rank(s)) + k % 5);
+    rc = weft_all_reduce(s, v, v, 4096, WEFT_FLOAT32, WEFT_SUM);
+    for (int k = 0; rc == WEFT_OK && k < 4096; k++) {
+        float want = 0;
+        for (int r = 0; r < weft_size(s); r++)
+            want += (float)(weft_comm_origin_rank(s, r) + k % 5);
+        if (v[k] != want) {
+            printf("FAILED: all_reduce on the shrunk communicator: [%d] = "
+                   "%g, want %g\n",
+                   k, v[k], want);
+            rc = WEFT_EINVAL;
+        }
+    }
+    if (rc == WEFT_OK) {
+        int m = weft_size(s), r = weft_rank(s), got = -1;
+        int mine = weft_comm_origin_rank(s, r);
+        rc = weft_sendrecv(s, &mine, (r + 1) % m, &got, (r + m - 1) % m, 1,
+                           WEFT_INT32);
+        if (rc == WEFT_OK && got != weft_comm_origin_rank(s, (r + m - 1) % m))
+            rc = WEFT_EINVAL;
+    }
+    /* The ranks left, in their old order (the victim, and any rank that
+     * could not take part, left out). */
+    for (int r = 1; rc == WEFT_OK && r < weft_size(s); r++)
+        if (weft_comm_origin_rank(s, r) <= weft_comm_origin_rank(s, r - 1))
+            rc = WEFT_EINVAL;
+    if (rc != WEFT_OK || weft_size(s) > n - 1 ||
+        weft_comm_origin_rank(s, weft_rank(s)) != me) {
+        printf("FAILED on the shrunk communicator (%d of %d): %s: %s\n",
+               weft_rank(s), weft_size(s), weft_err_name(rc),
+               weft_last_error(s));
+        weft_finalize(s);
+        weft_finalize(c);
+        return 3;
+    }
+    printf("shrunk %d of %d in %.1f ms\n", weft_rank(s), weft_size(s),
+           now_ms() - t0);
+    weft_finalize(s);
+    weft_finalize(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
@@ -233,6 +317,8 @@ int main(int argc, char **argv)
         return abort_mode(c, victim);
     if (strcmp(mode, "pairs") == 0)
         return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
+    if (strcmp(mode, "shrink") == 0)
+        return shrink_mode(c, victim);
     if (strcmp(mode, "loop") == 0)
         return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10,
                          argc > 3 ? atoi(argv[3]) : 65536,
