@@ -78,6 +78,37 @@ static int exercise(weft_comm *c, const int *origin)
         if (rc != 0 || r != origin[(me + n - 1) % n])
             bad = 1, mp_log("sendrecv: %s, got %d", weft_strerror(rc), r);
     }
+    /* reduce_scatter: block i of the sum lands on member i. */
+    if (!bad) {
+        const int per = COUNT / n;
+        int32_t *got = malloc(sizeof *got * (size_t)per), osum = want - n;
+
+        for (int i = 0; i < per * n; i++)
+            buf[i] = origin[me] + i % 3;
+        rc = got == NULL ? WEFT_ENOMEM
+                         : weft_reduce_scatter(c, buf, got, (size_t)per,
+                                               WEFT_INT32, WEFT_SUM);
+        if (rc != 0)
+            bad = 1, mp_log("reduce_scatter: %s", weft_last_error(c));
+        for (int j = 0; !bad && j < per; j++)
+            if (got[j] != osum + n * ((me * per + j) % 3))
+                bad = 1, mp_log("reduce_scatter: [%d] = %d", j, got[j]);
+        free(got);
+    }
+    /* reduce and gather to the last member. */
+    if (!bad) {
+        int32_t r = origin[me], sum = -1;
+        rc = weft_reduce(c, &r, &sum, 1, WEFT_INT32, WEFT_SUM, n - 1);
+        if (rc == 0)
+            rc = weft_gather(c, &r, all, 1, WEFT_INT32, n - 1);
+        if (rc != 0)
+            bad = 1, mp_log("reduce/gather: %s", weft_last_error(c));
+        for (int i = 0; !bad && me == n - 1 && i < n; i++)
+            if (all[i] != origin[i])
+                bad = 1, mp_log("gather: [%d] = %d", i, all[i]);
+        if (!bad && me == n - 1 && sum != want - n)
+            bad = 1, mp_log("reduce: %d, want %d", sum, want - n);
+    }
     if (!bad && (rc = weft_barrier(c)) != 0)
         bad = 1, mp_log("barrier: %s", weft_last_error(c));
     free(buf);
