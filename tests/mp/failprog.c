@@ -9,7 +9,8 @@
  * multi-host fault tests: prints "ready" once connected, and on a failure
  * "FAILED <code> <ms>" (ms since the last operation that succeeded) and
  * the message, then exits 3; at the end "done <calls> <ms>", ms the
- * longest time between two calls' ends (bench/failover's stall); with
+ * longest time between two calls' ends (bench/failover's stall), then
+ * "wires to <peer>: total T up U lost L back B" (weft_peer_wires); with
  * "trace", rank 0 first prints "call <end> <ms>" for each call (its end,
  * CLOCK_REALTIME in ms, and its time).
  *
@@ -152,6 +153,14 @@ static int loop_mode(weft_comm *c, int seconds, int N, int trace)
     for (int i = 0; trace && weft_rank(c) == 0 && i < iter; i++)
         printf("call %.3f %.3f\n", ends[i], durs[i]);
     printf("done %d %.0f\n", iter, gap);
+    if (n > 1) {
+        /* The wires to the next rank, as weft_peer_wires counts them. */
+        weft_wire_info wi;
+        int peer = (weft_rank(c) + 1) % n;
+        if (weft_peer_wires(c, peer, &wi) == WEFT_OK)
+            printf("wires to %d: total %d up %d lost %u back %u\n", peer,
+                   wi.total, wi.up, wi.lost, wi.back);
+    }
     weft_finalize(c);
     return 0;
 }

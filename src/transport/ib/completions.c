@@ -104,7 +104,9 @@ static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
     char detail[96];
     int rc;
 
-    if (!tp->shut && (rc = weft__ib_post_recvs(w, 1)) != 0) {
+    /* A wire being stopped (failover.c) posts no more on its queue pair. */
+    if (!tp->shut && w->fo != FO_STOPPING &&
+        (rc = weft__ib_post_recvs(w, 1)) != 0) {
         weft__ib_wire_failed(w, WEFT_ETRANSPORT, "ibv_post_recv", strerror(rc));
         return;
     }
@@ -143,11 +145,16 @@ static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
     weft__ib_wire_kick(w);
 }
 
-static void wc_handle(ib_tp *tp, const struct ibv_wc *wc)
+static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
 {
     ib_wire *w = (ib_wire *)(uintptr_t)(wc->wr_id & ~(uint64_t)WR_KIND_MASK);
     int kind = (int)(wc->wr_id & WR_KIND_MASK);
 
+    /* A queue pair that failover retired (failover.c): what it still
+     * reports is not counted (the peer resends from the count this end
+     * gave when it stopped). */
+    if (wc->qp_num != w->qpn || d != w->dev)
+        return;
     switch (kind) {
     case WR_DATA:
         w->s_wr--;
@@ -188,7 +195,7 @@ void weft__ib_cq_poll_all(ib_tp *tp)
         do {
             n = ibv_poll_cq(d->cq, CQ_BATCH, wc);
             for (int i = 0; i < n; i++)
-                wc_handle(tp, &wc[i]);
+                wc_handle(tp, d, &wc[i]);
         } while (n == CQ_BATCH);
         if (n < 0 && !tp->shut)
             weft__ib_fail(tp, WEFT_ETRANSPORT,
@@ -219,15 +226,42 @@ static void async_events(ib_tp *tp, ib_dev *d)
         switch (ae.event_type) {
         case IBV_EVENT_QP_FATAL:
         case IBV_EVENT_QP_REQ_ERR:
-        case IBV_EVENT_QP_ACCESS_ERR:
-            weft__ib_wire_failed((ib_wire *)ae.element.qp->qp_context,
-                                 WEFT_ETRANSPORT, "queue pair", what);
+        case IBV_EVENT_QP_ACCESS_ERR: {
+            ib_wire *w = ae.element.qp->qp_context;
+            /* Not of a queue pair that failover retired. */
+            if (w->qp == ae.element.qp)
+                weft__ib_wire_failed(w, WEFT_ETRANSPORT, "queue pair", what);
+            break;
+        }
+        case IBV_EVENT_PORT_ACTIVE:
+            if (ae.element.port_num == d->port && d->down) {
+                /* Its links may be picked again by a wire that fails
+                 * over (failover.c); none moves back on its own. */
+                d->down = 0;
+                for (int p = 0; p < tp->nranks; p++)
+                    for (int li = 0; li < tp->peers[p].nlinks; li++)
+                        if (tp->peers[p].links[li].dev == d)
+                            tp->peers[p].lost_links &= ~((uint64_t)1 << li);
+                weft__log(WEFT__LOG_WARN, tp->rank,
+                          "RDMA device %s port %d is active again", d->name,
+                          d->port);
+            }
             break;
         case IBV_EVENT_PORT_ERR:
             /* A port of the device that this context does not use. */
             if (ae.element.port_num != d->port)
                 break;
-            /* fall through */
+            /* Its link is lost: every wire on it fails, and moves to
+             * another link where its peer has one (failover.c); where it
+             * cannot, that fails the transport. */
+            d->down = 1;
+            for (int p = 0; p < tp->nranks && !tp->shut; p++)
+                for (int i = 0; i < tp->peers[p].nwires; i++)
+                    if (tp->peers[p].w[i].dev == d &&
+                        tp->peers[p].w[i].fo == FO_UP)
+                        weft__ib_wire_failed(&tp->peers[p].w[i],
+                                             WEFT_ETRANSPORT, "port", what);
+            break;
         case IBV_EVENT_CQ_ERR:
         case IBV_EVENT_DEVICE_FATAL:
             if (!tp->shut)
@@ -307,6 +341,8 @@ static int poll_once(ib_tp *tp)
     }
     if (tp->nleft > 0)
         left_check(tp);
+    if (tp->fo_work && tp->err == 0)
+        weft__ib_fo_run(tp);
     return tp->err;
 }
 
@@ -344,6 +380,8 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
     if (tt >= 0 && tt < tmo)
         tmo = tt;
     if (tp->tcp_err != 0 && (tt = tcp_wait_ms(tp)) < tmo)
+        tmo = tt;
+    if (tp->fo_work && (tt = weft__ib_fo_wait_ms(tp)) < tmo)
         tmo = tt;
     pfd[n].fd = weft__tcp_fd(tp->tcp);
     pfd[n].events = POLLIN;

@@ -33,7 +33,7 @@ static void credit_maybe(ib_wire *w)
     struct ibv_send_wr wr, *bad = NULL;
     int rc;
 
-    if (due < half || tp->shut || tp->err != 0 || w->dead ||
+    if (due < half || tp->shut || tp->err != 0 || w->dead || w->fo != FO_UP ||
         w->c_wr >= tp->credit_max || w->s_wr >= tp->sq_depth)
         return;
     memset(&wr, 0, sizeof wr);
@@ -135,7 +135,10 @@ static int slots_reached(uint64_t count, size_t mark)
 }
 
 /* Packs queued send frames into free slots and writes them, while the
- * peer has room (credits) and this side has free slots. A frame whose last
+ * peer has room (credits) and this side has free slots; after a resume
+ * (failover.c), first writes again the slots from the peer's count on,
+ * which are still in the send ring (a slot is reused only once the peer
+ * has consumed it). A frame whose last
  * byte is in the ring moves to the wire's queue of frames waiting for
  * their writes (tx_done completes them), marked with the count of slot
  * writes that covers that byte: the slot being filled, counted from one. A
@@ -147,7 +150,8 @@ static void tx_flush(ib_wire *w)
     uint64_t K = (uint64_t)tp->slots;
     size_t S = tp->slot_bytes;
 
-    while (w->sq_head != NULL && tp->err == 0 && !tp->shut && !w->dead) {
+    while ((w->sq_head != NULL || w->s_posted < w->replay_end) &&
+           tp->err == 0 && !tp->shut && !w->dead && w->fo == FO_UP) {
         uint32_t slot;
         char *dst;
         size_t fill = 0;
@@ -156,6 +160,11 @@ static void tx_flush(ib_wire *w)
             w->s_wr >= tp->sq_depth)
             break;
         slot = (uint32_t)(w->s_posted % K);
+        if (w->s_posted < w->replay_end) {
+            if (post_write(w, slot, w->s_len[slot]) != 0)
+                return;
+            continue;
+        }
         dst = w->sring + (size_t)slot * S;
         while (w->sq_head != NULL && fill < S) {
             weft__xfer *x = w->sq_head;
@@ -175,6 +184,7 @@ static void tx_flush(ib_wire *w)
                 weft__xq_push(&w->wq_head, &w->wq_tail, x);
             }
         }
+        w->s_len[slot] = (uint32_t)fill;
         if (fill > 0 && post_write(w, slot, fill) != 0)
             return;
     }

@@ -374,6 +374,8 @@ int weft__ib_dev_setup(ib_tp *tp, ib_dev *d)
 {
     int cqe = d->nqp * (tp->sq_depth + tp->rq_depth);
 
+    d->cq_qps = d->nqp;
+
     if ((d->pd = ibv_alloc_pd(d->ctx)) == NULL)
         return weft__fail(tp->p->sink, WEFT_ENOMEM,
                           "rank %d: ibv_alloc_pd on RDMA device %s: %s",

@@ -11,6 +11,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What a peer needs to reach a wire's queue pair (IB_QP_BYTES, network
+ * byte order). */
+void weft__ib_pack_qp(const ib_wire *w, uint8_t *e)
+{
+    memset(e, 0, IB_QP_BYTES);
+    weft__put_be32(e, w->qp->qp_num);
+    weft__put_be32(e + 4, w->psn);
+    weft__put_be32(e + 8, w->dev->pattr.lid);
+    weft__put_be32(e + 12, (uint32_t)w->dev->pattr.active_mtu);
+    memcpy(e + 16, w->gid.raw, 16);
+    weft__put_be64(e + 32, (uint64_t)(uintptr_t)w->rring);
+    weft__put_be32(e + 40, w->rmr->rkey);
+}
+
 /* What a peer needs to reach this end of a link: a header, then one entry
  * per wire (network byte order). */
 static void pack_link(ib_tp *tp, ib_link *lk)
@@ -26,19 +40,9 @@ static void pack_link(ib_tp *tp, ib_link *lk)
     weft__put_be32(b + 20, (uint32_t)tp->wires);
     weft__put_be32(b + 24, (uint32_t)tp->slots);
     weft__put_be32(b + 28, (uint32_t)tp->slot_bytes);
-    for (int k = 0; k < tp->wires; k++) {
-        const ib_wire *w = &pe->w[lk->twire * tp->wires + k];
-        uint8_t *e = b + IB_HDR_BYTES + k * IB_QP_BYTES;
-
-        memset(e, 0, IB_QP_BYTES);
-        weft__put_be32(e, w->qp->qp_num);
-        weft__put_be32(e + 4, w->psn);
-        weft__put_be32(e + 8, w->dev->pattr.lid);
-        weft__put_be32(e + 12, (uint32_t)w->dev->pattr.active_mtu);
-        memcpy(e + 16, w->gid.raw, 16);
-        weft__put_be64(e + 32, (uint64_t)(uintptr_t)w->rring);
-        weft__put_be32(e + 40, w->rmr->rkey);
-    }
+    for (int k = 0; k < tp->wires; k++)
+        weft__ib_pack_qp(&pe->w[lk->twire * tp->wires + k],
+                         b + IB_HDR_BYTES + k * IB_QP_BYTES);
 }
 
 static int check_header(ib_tp *tp, const ib_link *lk)
@@ -73,7 +77,7 @@ static int check_header(ib_tp *tp, const ib_link *lk)
 
 /* Connects a wire's queue pair to the peer's (entry e): INIT -> RTR ->
  * RTS. */
-static int wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
+int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
 {
     enum ibv_mtu mtu = w->dev->pattr.active_mtu;
     struct ibv_qp_attr a;
@@ -104,7 +108,7 @@ static int wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
     if (rc == 0) {
         memset(&a, 0, sizeof a);
         a.qp_state = IBV_QPS_RTS;
-        a.timeout = IB_QP_TIMEOUT;
+        a.timeout = weft__ib_qp_timeout(tp);
         a.retry_cnt = IB_RETRY_CNT;
         a.rnr_retry = IB_RNR_RETRY;
         a.sq_psn = w->psn;
@@ -132,12 +136,16 @@ static void setup_done(weft__xfer *x)
     ((ib_link *)x->arg)->tp->setup_pending--;
 }
 
-/* The peer's goodbye on one link: it finalized after its writes were
- * acknowledged, and says per wire of the link how many of this rank's slot
- * writes had landed there. A frame those cover has arrived even where the
- * write's acknowledgement was lost on the way and its retransmission will
- * find the peer's queue pair gone (tx_done). */
-static void bye_done(weft__xfer *x)
+static void ctl_done(weft__xfer *x);
+
+/* A message on a TCP wire after set-up: the peer's goodbye on one link (it
+ * finalized after its writes were acknowledged, and says per wire of the
+ * link how many of this rank's slot writes had landed there: a frame those
+ * cover has arrived even where the write's acknowledgement was lost on the
+ * way and its retransmission will find the peer's queue pair gone,
+ * tx_done), or a failover message (failover.c), after which the next
+ * message is awaited. */
+static void ctl_done(weft__xfer *x)
 {
     ib_link *lk = x->arg;
     ib_tp *tp = lk->tp;
@@ -145,9 +153,15 @@ static void bye_done(weft__xfer *x)
 
     tp->events++;
     if (lk->in[0] != 'B') {
-        weft__ib_fail(tp, WEFT_ETRANSPORT,
-                      "rank %d: peer %d sent garbage on its TCP wire %d",
-                      tp->rank, lk->peer, lk->twire);
+        if (weft__ib_fo_message(tp, lk->peer, lk->in) != 0)
+            return;
+        if (weft__ib_tcp_frame(tp, lk, 1, &lk->bye_rx, lk->in,
+                               IB_CTL_BYTES(tp->wires), ctl_done) != 0 &&
+            tp->err == 0)
+            weft__ib_fail(tp, WEFT_ETRANSPORT,
+                          "rank %d: cannot post a receive on TCP wire %d to "
+                          "peer %d",
+                          tp->rank, lk->twire, lk->peer);
         return;
     }
     for (int k = 0; k < tp->wires; k++) {
@@ -180,8 +194,8 @@ static void bye_done(weft__xfer *x)
     }
 }
 
-static int tcp_frame(ib_tp *tp, ib_link *lk, int recv, weft__xfer *x, void *buf,
-                     size_t len, void (*done)(weft__xfer *))
+int weft__ib_tcp_frame(ib_tp *tp, ib_link *lk, int recv, weft__xfer *x,
+                       void *buf, size_t len, void (*done)(weft__xfer *))
 {
     int rc;
 
@@ -233,10 +247,10 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
         if (lk->out == NULL || lk->in == NULL)
             return WEFT_ENOMEM;
         pack_link(tp, lk);
-        if ((rc = tcp_frame(tp, lk, 0, &lk->sx, lk->out, IB_HDR_BYTES + body,
-                            setup_done)) != 0 ||
-            (rc = tcp_frame(tp, lk, 1, &lk->rx, lk->in, IB_HDR_BYTES,
-                            setup_done)) != 0)
+        if ((rc = weft__ib_tcp_frame(tp, lk, 0, &lk->sx, lk->out,
+                                     IB_HDR_BYTES + body, setup_done)) != 0 ||
+            (rc = weft__ib_tcp_frame(tp, lk, 1, &lk->rx, lk->in, IB_HDR_BYTES,
+                                     setup_done)) != 0)
             return rc;
     }
     if ((rc = setup_wait(tp, deadline, "headers")) != 0)
@@ -247,8 +261,8 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
     {
         if ((rc = check_header(tp, lk)) != 0)
             return rc;
-        if ((rc = tcp_frame(tp, lk, 1, &lk->rx, lk->in + IB_HDR_BYTES, body,
-                            setup_done)) != 0)
+        if ((rc = weft__ib_tcp_frame(tp, lk, 1, &lk->rx, lk->in + IB_HDR_BYTES,
+                                     body, setup_done)) != 0)
             return rc;
     }
     if ((rc = setup_wait(tp, deadline, "queue pairs")) != 0)
@@ -257,15 +271,16 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
     {
         for (int k = 0; k < tp->wires; k++) {
             ib_wire *w = &pe->w[lk->twire * tp->wires + k];
-            rc = wire_connect(tp, w, lk->in + IB_HDR_BYTES + k * IB_QP_BYTES);
+            rc = weft__ib_wire_connect(tp, w,
+                                       lk->in + IB_HDR_BYTES + k * IB_QP_BYTES);
             if (rc != 0)
                 return rc;
         }
         lk->ready_out = 'R';
-        if ((rc = tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->ready_out, 1,
-                            setup_done)) != 0 ||
-            (rc = tcp_frame(tp, lk, 1, &lk->bye_rx, &lk->ready_in, 1,
-                            setup_done)) != 0)
+        if ((rc = weft__ib_tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->ready_out, 1,
+                                     setup_done)) != 0 ||
+            (rc = weft__ib_tcp_frame(tp, lk, 1, &lk->bye_rx, &lk->ready_in, 1,
+                                     setup_done)) != 0)
             return rc;
     }
     if ((rc = setup_wait(tp, deadline, "ready")) != 0)
@@ -281,15 +296,15 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
          * goodbye completes it, and a peer that dies without one closes the
          * connection under it (WEFT_EPEER at once). The set-up message's
          * buffer is free now. */
-        if ((rc = tcp_frame(tp, lk, 1, &lk->bye_rx, lk->in,
-                            IB_BYE_BYTES(tp->wires), bye_done)) != 0)
+        if ((rc = weft__ib_tcp_frame(tp, lk, 1, &lk->bye_rx, lk->in,
+                                     IB_CTL_BYTES(tp->wires), ctl_done)) != 0)
             return rc;
     }
     return WEFT_OK;
 }
 
 /* Says goodbye on every TCP connection, with the count of slots landed
- * per wire of its link (bye_done). Completions still on the CQ are taken
+ * per wire of its link (ctl_done). Completions still on the CQ are taken
  * first, so that the counts hold every write that landed. */
 void weft__ib_say_bye(ib_tp *tp)
 {
@@ -303,8 +318,8 @@ void weft__ib_say_bye(ib_tp *tp)
         for (int k = 0; k < tp->wires; k++)
             weft__put_be32(lk->out + 1 + 4 * k,
                            (uint32_t)pe->w[lk->twire * tp->wires + k].r_landed);
-        if (tcp_frame(tp, lk, 0, &lk->bye_tx, lk->out, IB_BYE_BYTES(tp->wires),
-                      setup_done) != 0)
+        if (weft__ib_tcp_frame(tp, lk, 0, &lk->bye_tx, lk->out,
+                               IB_CTL_BYTES(tp->wires), setup_done) != 0)
             return;
     }
     while (tp->setup_pending > 0 && weft__now_ms() < deadline)

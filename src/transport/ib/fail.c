@@ -93,14 +93,18 @@ int weft__ib_tcp_judge(ib_tp *tp)
  * After a failure of the TCP side, or after its peer said goodbye, that is
  * expected: the wire is dead (it sends no more) and the failure is judged
  * elsewhere, once what landed on it has been handed over (completions.c:
- * tcp_wait_ms, left_check). Otherwise it fails the transport. */
+ * tcp_wait_ms, left_check). A wire that can fail over (its peer has
+ * another link) is stopped and resumed on a new queue pair over a link
+ * left (failover.c). Otherwise it fails the transport. */
 void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
                           const char *detail)
 {
     ib_tp *tp = w->tp;
     char lname[32];
 
-    if (tp->shut || tp->err != 0 || w->dead)
+    /* A wire being stopped: its queue pair's failures are the stop's. */
+    if (tp->shut || tp->err != 0 || w->dead || w->fo == FO_STOPPING ||
+        w->need_stop)
         return;
     if (weft__ib_tcp_news(tp) != 0 || tp->peers[w->peer].left) {
         weft__log(WEFT__LOG_DEBUG, tp->rank,
@@ -110,11 +114,17 @@ void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
         w->dead = 1;
         return;
     }
+    if (w->fo == FO_UP && weft__ib_can_fail_over(w)) {
+        snprintf(w->why, sizeof w->why, "%s: %s", what, detail);
+        w->need_stop = 1;
+        tp->fo_work = 1;
+        return;
+    }
     weft__ib_fail(
-        tp, err,
+        tp, w->fo == FO_UP ? err : WEFT_EPEER,
         "rank %d: %s to/from peer %d on wire %d (%s, device %s port %d, "
-        "address %s) failed: %s",
+        "address %s) failed%s: %s",
         tp->rank, what, w->peer, w->w,
         weft__ib_link_name(w, lname, sizeof lname), w->dev->name, w->dev->port,
-        w->addr, detail);
+        w->addr, w->fo == FO_UP ? "" : " while it was being resumed", detail);
 }

@@ -98,19 +98,32 @@
 #include "transport/transport.h"
 
 #include <infiniband/verbs.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define IB_MAGIC 0x42494657u /* "WFIB" */
-#define IB_VERSION 2u        /* 2: the goodbye carries landed counts */
+#define IB_VERSION 3u        /* 3: failover messages share the TCP wires */
 #define IB_HDR_BYTES 32
 #define IB_QP_BYTES 48
 #define IB_BYE_BYTES(wires) (1 + 4 * (wires)) /* 'B', landed per wire */
-_Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES,
-               "a goodbye fits in the buffer of the set-up message");
+/* A failover message (failover.c): type, wire, epoch, landed and consumed
+ * slots, link, and a queue pair's entry as in the set-up message. */
+#define IB_FO_BYTES (24 + IB_QP_BYTES)
+/* After set-up, every message on a TCP wire has this size: the goodbye
+ * or a failover message, padded. */
+#define IB_CTL_BYTES(wires)                                                    \
+    (IB_BYE_BYTES(wires) > IB_FO_BYTES ? IB_BYE_BYTES(wires) : IB_FO_BYTES)
+_Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES &&
+                   IB_FO_BYTES <= IB_HDR_BYTES + IB_QP_BYTES,
+               "a goodbye or a failover message fits in the buffer of the "
+               "set-up message");
 #define CQ_BATCH 32
 #define IB_PORT_DEFAULT 1
-#define IB_QP_TIMEOUT 14 /* 4.096 us * 2^14: 67 ms, rxe under TCG needs it */
+/* The least QP timeout: 4.096 us * 2^14, 67 ms; rxe under TCG needs it.
+ * With WEFT_WIRE_TIMEOUT_MS on, the timeout is the largest whose
+ * IB_RETRY_CNT + 1 tries fit in it (weft__ib_qp_timeout), never below. */
+#define IB_QP_TIMEOUT 14
 #define IB_RETRY_CNT 7
 #define IB_RNR_RETRY 7 /* 7: retry for ever; a receiver reposts promptly */
 #define IB_HOP_LIMIT 64
@@ -139,8 +152,11 @@ typedef struct ib_dev {
     struct ibv_cq *cq;
     struct ibv_device_attr attr;
     struct ibv_port_attr pattr;
-    int nqp;   /* queue pairs planned on it */
-    int armed; /* the CQ is armed for one notification */
+    int nqp;      /* queue pairs planned on it */
+    int armed;    /* the CQ is armed for one notification */
+    int down;     /* its port went down (IBV_EVENT_PORT_ERR), not yet back */
+    int nqp_made; /* queue pairs made on it, failover's included */
+    int cq_qps;   /* queue pairs its CQ is sized for */
     struct ib_dev *next;
 } ib_dev;
 
@@ -188,7 +204,24 @@ typedef struct ib_wire {
     int dirty;
     struct ib_wire *dirty_next;
     int dead; /* failed after its peer left: ignored from then on */
+    /* Failover (failover.c). qpn: the current queue pair's number (0:
+     * none), with dev telling completions of an earlier queue pair of the
+     * wire apart (ignored). fo: FO_UP, or where the wire is in its
+     * resume; epoch: queue pairs the wire has retired. */
+    uint32_t qpn;
+    int fo;
+    int need_stop; /* failed while up: failover.c stops it */
+    uint32_t epoch;
+    int li;              /* the peer's link (index in ib_peer.links) it uses */
+    uint32_t *s_len;     /* bytes written from each send slot */
+    uint64_t replay_end; /* slots to write again up to, after a resume */
+    uint64_t fo_ms;      /* when it stopped */
+    uint32_t rep_landed, rep_consumed;   /* what this end said at the stop */
+    uint32_t peer_landed, peer_consumed; /* what the peer said */
+    char why[160];                       /* why it stopped */
 } ib_wire;
+
+enum { FO_UP = 0, FO_STOPPING, FO_STOPPED, FO_WAIT_C, FO_WAIT_A };
 
 /* One TCP connection to a peer (one per link): the set-up messages and the
  * goodbye travel on it. */
@@ -203,6 +236,12 @@ typedef struct ib_link {
     uint8_t *out;
     uint8_t *in; /* the peer's */
     uint8_t ready_in, ready_out;
+    /* This end's device port, GID and address on the link (the plan's;
+     * failover moves wires onto it). */
+    ib_dev *dev;
+    int gid_index;
+    union ibv_gid gid;
+    char addr[64];
 } ib_link;
 
 typedef struct {
@@ -210,8 +249,30 @@ typedef struct {
     ib_link *links;
     int nwires; /* nlinks * wires per link */
     ib_wire *w;
-    int left; /* the peer said goodbye */
+    int left;               /* the peer said goodbye */
+    uint64_t lost_links;    /* links (bits by index) a wire was lost on */
+    atomic_uint lost, back; /* wires lost, and resumed (weft_peer_wires) */
 } ib_peer;
+
+/* A queue pair or memory region that failover replaced: kept until
+ * destroy (a queue pair's number is not reused while it lives, so its
+ * late completions are told apart). */
+typedef struct ib_retired {
+    struct ibv_qp *qp;
+    struct ibv_mr *smr, *rmr;
+    struct ib_retired *next;
+} ib_retired;
+
+/* A failover message: one being sent on a TCP wire (x, b), or one
+ * received and not yet acted on (peer, b). */
+typedef struct ib_msg {
+    weft__xfer x;
+    struct ib_tp *tp;
+    int busy;
+    int peer;
+    uint8_t b[IB_FO_BYTES + 4 * WEFT__MAX_WIRES];
+    struct ib_msg *next;
+} ib_msg;
 
 struct ib_tp {
     const weft__tp_params *p; /* what create() was given */
@@ -245,6 +306,12 @@ struct ib_tp {
     unsigned events;
     weft__spin spin; /* WEFT_SPIN_US, adapted (transport/common.h) */
     ib_wire *dirty;
+    /* Failover (failover.c): wires to stop or in their resume, messages
+     * sent (reused once sent) and received (in order, until acted on). */
+    int fo_work;
+    ib_retired *retired;
+    ib_msg *tx_msgs;
+    ib_msg *rx_head, *rx_tail;
 };
 
 /* ---- what one file calls in another ---- */
@@ -284,8 +351,26 @@ int weft__ib_wire_device(ib_tp *tp, uint32_t link, ib_wire *w);
 int weft__ib_dev_budget(ib_tp *tp, const ib_dev *d);
 int weft__ib_dev_setup(ib_tp *tp, ib_dev *d);
 
-/* exchange.c: the set-up exchange, and the goodbye. */
+/* exchange.c: the set-up exchange, and the goodbye; a queue pair's entry
+ * packed and connected to (failover.c uses them too), a message of the
+ * TCP side posted. */
 int weft__ib_exchange(ib_tp *tp, uint64_t deadline);
+int weft__ib_qp_make(ib_tp *tp, ib_wire *w, ib_dev *d);
 void weft__ib_say_bye(ib_tp *tp);
+void weft__ib_pack_qp(const ib_wire *w, uint8_t *e);
+int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e);
+int weft__ib_tcp_frame(ib_tp *tp, ib_link *lk, int recv, weft__xfer *x,
+                       void *buf, size_t len, void (*done)(weft__xfer *));
+
+/* failover.c: a wire that failed while its peer has others, stopped and
+ * resumed on a new queue pair over a link left; the messages of its
+ * resume (from ctl_done, exchange.c); the queue pair timeout; the wires'
+ * queue pair and rings made on a device (setup.c and failover.c). */
+int weft__ib_can_fail_over(const ib_wire *w);
+void weft__ib_fo_run(ib_tp *tp);
+int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b);
+int weft__ib_fo_wait_ms(const ib_tp *tp);
+uint8_t weft__ib_qp_timeout(const ib_tp *tp);
+void weft__ib_fo_free(ib_tp *tp);
 
 #endif

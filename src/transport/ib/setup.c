@@ -83,9 +83,16 @@ static int plan(ib_tp *tp)
                 w->peer = p;
                 w->w = i * W + k;
                 w->link = links[i];
+                w->li = i;
                 if ((rc = weft__ib_wire_device(tp, links[i], w)) != 0)
                     return rc;
                 w->dev->nqp++;
+                if (k == 0) {
+                    lk->dev = w->dev;
+                    lk->gid_index = w->gid_index;
+                    lk->gid = w->gid;
+                    snprintf(lk->addr, sizeof lk->addr, "%s", w->addr);
+                }
             }
         }
     }
@@ -111,11 +118,13 @@ static int reg_failed(ib_tp *tp, const ib_dev *d, size_t bytes, int err)
                       tp->rank, bytes, d->name, strerror(err), lim);
 }
 
-/* Rings, their registrations and the queue pair, moved to INIT, with its
- * receives posted. */
-static int wire_setup(ib_tp *tp, ib_wire *w)
+/* A wire's queue pair on device port d, moved to INIT, with its receives
+ * posted, and its rings registered there (where they are not yet: memory
+ * regions of another device are the caller's to keep). Made at set-up, and
+ * again by failover (failover.c) on the device of the link it moves to,
+ * whose completion queue grows for it. */
+int weft__ib_qp_make(ib_tp *tp, ib_wire *w, ib_dev *d)
 {
-    ib_dev *d = w->dev;
     size_t ring = tp->slot_bytes * (size_t)tp->slots;
     struct ibv_qp_init_attr qia = {
         .qp_context = w,
@@ -134,22 +143,25 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
         .port_num = (uint8_t)d->port,
         .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
     };
-    void *p;
     int rc;
 
-    if (posix_memalign(&p, 4096, ring) != 0)
-        return WEFT_ENOMEM;
-    w->sring = p;
-    if (posix_memalign(&p, 4096, ring) != 0)
-        return WEFT_ENOMEM;
-    w->rring = p;
-    w->r_len = calloc((size_t)tp->slots, sizeof *w->r_len);
-    if (w->r_len == NULL)
-        return WEFT_ENOMEM;
-    if ((w->smr = ibv_reg_mr(d->pd, w->sring, ring, IBV_ACCESS_LOCAL_WRITE)) ==
-        NULL)
+    if (d->nqp_made + 1 > d->cq_qps) {
+        int cqe = (d->nqp_made + 1) * (tp->sq_depth + tp->rq_depth);
+
+        if ((rc = ibv_resize_cq(d->cq, cqe)) != 0)
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: cannot grow the completion queue "
+                              "of RDMA device %s to %d entries for wire %d "
+                              "to peer %d: %s",
+                              tp->rank, d->name, cqe, w->w, w->peer,
+                              strerror(rc));
+        d->cq_qps = d->nqp_made + 1;
+    }
+    if (w->smr == NULL && (w->smr = ibv_reg_mr(d->pd, w->sring, ring,
+                                               IBV_ACCESS_LOCAL_WRITE)) == NULL)
         return reg_failed(tp, d, ring, errno);
-    if ((w->rmr = ibv_reg_mr(d->pd, w->rring, ring,
+    if (w->rmr == NULL &&
+        (w->rmr = ibv_reg_mr(d->pd, w->rring, ring,
                              IBV_ACCESS_LOCAL_WRITE |
                                  IBV_ACCESS_REMOTE_WRITE)) == NULL)
         return reg_failed(tp, d, ring, errno);
@@ -158,6 +170,9 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
                           "rank %d: ibv_create_qp on RDMA device %s for "
                           "wire %d to peer %d: %s",
                           tp->rank, d->name, w->w, w->peer, strerror(errno));
+    d->nqp_made++;
+    w->qpn = w->qp->qp_num;
+    w->s_wr = w->c_wr = w->r_wr = 0;
     if ((rc = ibv_modify_qp(w->qp, &qa,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                 IBV_QP_ACCESS_FLAGS)) != 0)
@@ -166,15 +181,35 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
                           "%s: cannot move to INIT: %s",
                           tp->rank, w->w, w->peer, d->name, strerror(rc));
     /* Any 24-bit start will do; a different one per connection keeps a
-     * stale packet of an earlier job from looking current. */
+     * stale packet of an earlier job (or queue pair) from looking
+     * current. */
     w->psn = (uint32_t)((weft__now_ns() ^ ((uint64_t)(uintptr_t)w >> 4) ^
-                         ((uint64_t)getpid() << 8)) &
+                         ((uint64_t)getpid() << 8) ^ w->epoch) &
                         0xffffff);
     if ((rc = weft__ib_post_recvs(w, tp->rq_depth)) != 0)
         return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                           "rank %d: ibv_post_recv on %s: %s", tp->rank, d->name,
                           strerror(rc));
     return WEFT_OK;
+}
+
+/* Rings (and the lengths of their slots), then the queue pair. */
+static int wire_setup(ib_tp *tp, ib_wire *w)
+{
+    size_t ring = tp->slot_bytes * (size_t)tp->slots;
+    void *p;
+
+    if (posix_memalign(&p, 4096, ring) != 0)
+        return WEFT_ENOMEM;
+    w->sring = p;
+    if (posix_memalign(&p, 4096, ring) != 0)
+        return WEFT_ENOMEM;
+    w->rring = p;
+    w->r_len = calloc((size_t)tp->slots, sizeof *w->r_len);
+    w->s_len = calloc((size_t)tp->slots, sizeof *w->s_len);
+    if (w->r_len == NULL || w->s_len == NULL)
+        return WEFT_ENOMEM;
+    return weft__ib_qp_make(tp, w, w->dev);
 }
 
 static void ib_cable_wires(weft__tp *t, int p, weft_wire_info *out)
@@ -184,11 +219,12 @@ static void ib_cable_wires(weft__tp *t, int p, weft_wire_info *out)
     memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks)
         return;
+    /* A wire whose peer left is not counted lost: that is the peer's
+     * leaving, not a link's. */
     out->total = tp->peers[p].nwires;
-    for (int i = 0; i < tp->peers[p].nwires; i++)
-        if (tp->peers[p].w[i].dead)
-            out->lost++;
-    out->up = out->total - (int)out->lost;
+    out->lost = atomic_load(&tp->peers[p].lost);
+    out->back = atomic_load(&tp->peers[p].back);
+    out->up = out->total - (int)out->lost + (int)out->back;
 }
 
 static int ib_nwires(weft__tp *t, int p)
@@ -308,6 +344,7 @@ static void ib_destroy(weft__tp *t)
             free(w->rring);
             free(w->sring);
             free(w->r_len);
+            free(w->s_len);
         }
         for (int i = 0; i < pe->nlinks; i++) {
             free(pe->links[i].out);
@@ -317,6 +354,8 @@ static void ib_destroy(weft__tp *t)
         free(pe->links);
     }
     free(tp->peers);
+    /* What failover replaced, before the protection domains go. */
+    weft__ib_fo_free(tp);
     while (tp->devs != NULL) {
         ib_dev *d = tp->devs;
         tp->devs = d->next;
@@ -341,6 +380,17 @@ static void ib_destroy(weft__tp *t)
         ibv_free_device_list(tp->devlist);
     if (tp->tcp != NULL)
         weft__tcp_ops.destroy(tp->tcp);
+    /* Failover's messages: the TCP side is gone, none is borrowed now. */
+    while (tp->tx_msgs != NULL) {
+        ib_msg *m = tp->tx_msgs;
+        tp->tx_msgs = m->next;
+        free(m);
+    }
+    while (tp->rx_head != NULL) {
+        ib_msg *m = tp->rx_head;
+        tp->rx_head = m->next;
+        free(m);
+    }
     weft__sigpipe_restore(&sp);
     free(tp);
 }

@@ -1,0 +1,531 @@
+/*
+ * Failover of the ibverbs transport: a wire whose queue pair fails (an
+ * error completion, the retry timeout, its port going down) while its
+ * peer has other wires goes on over a new queue pair on a link left, with
+ * exactly the bytes it would have carried. The engine never learns of it:
+ * the wire keeps its place in every plan.
+ *
+ * A wire is a stream of slots each way (data.c). Each end stops its side:
+ * its queue pair goes to the error state (nothing more lands), the
+ * completions still on the CQ are counted, and the queue pair is retired
+ * (its later completions are told apart by number and device, and
+ * ignored: wc_handle). What this end says at its stop is the count of the
+ * peer's slots that landed here and the count it consumed. The peer's
+ * slots from that count on are all still in its send ring (a slot is
+ * reused only once its receiver consumed it), so the peer writes them
+ * again, from the same ring positions, on the new queue pair: nothing is
+ * lost, and nothing counts twice (a slot this end counted is never written
+ * again; one it did not count is written again into the same place, with
+ * the same bytes). Send frames complete once the peer's count covers them.
+ *
+ * The messages go on the TCP wires that the transport bootstraps over
+ * (one per link, which the TCP transport itself resumes on another link
+ * when its own is lost), on one whose link is up, as fixed-size messages
+ * beside the goodbye (exchange.c: ctl_done). The higher rank of the pair
+ * leads, as TCP's dialling side does:
+ *   lower rank, on noticing:  S  (its queue pair of epoch e failed)
+ *   higher rank, on noticing or on S:  F  (its counts, the link it picked,
+ *      its new queue pair)
+ *   lower rank, on F: stops if it had not, makes its new queue pair on
+ *      that link, connects it:  C  (its counts, its new queue pair)
+ *   higher rank, on C: connects, resumes (writes again from the lower
+ *      rank's count):  A
+ *   lower rank, on A: resumes (from the higher rank's count).
+ * Each end writes only once the other's queue pair is connected, so no
+ * write meets a queue pair that is not ready. Messages carry the epoch
+ * (queue pairs the wire retired), and one that arrives ahead of its turn
+ * (the two ends may use different TCP wires) waits.
+ *
+ * Links: a link whose wire was lost, or whose port went down, is not
+ * picked while another is there (a port that comes back makes its link a
+ * candidate again; wires do not move back on their own). The last wire
+ * to a peer lost, or a wire not resumed within twice WEFT_WIRE_TIMEOUT_MS
+ * and a second, is WEFT_EPEER naming the wires and why.
+ */
+#include "transport/ib/ib.h"
+
+#include "base/bytes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { M_S = 'S', M_F = 'F', M_C = 'C', M_A = 'A' };
+enum { KEEP = 0, DONE = 1 };
+
+static uint64_t resume_limit_ms(const ib_tp *tp)
+{
+    return 2 * (uint64_t)tp->p->cfg->wire_timeout_ms + 1000;
+}
+
+/* The largest QP timeout (4.096 us * 2^t per try) whose IB_RETRY_CNT + 1
+ * tries fit in WEFT_WIRE_TIMEOUT_MS, never below IB_QP_TIMEOUT: a silent
+ * link is then noticed within the wire timeout by a wire that has a write
+ * outstanding (2000 ms: 15, 8 tries of 134 ms, 1.07 s). */
+uint8_t weft__ib_qp_timeout(const ib_tp *tp)
+{
+    uint64_t budget_ns = (uint64_t)tp->p->cfg->wire_timeout_ms * 1000000u;
+    uint8_t t = IB_QP_TIMEOUT;
+
+    if (tp->p->cfg->wire_timeout_ms <= 0)
+        return t;
+    while (t < 30 &&
+           (uint64_t)4096 * ((uint64_t)1 << (t + 1)) * (IB_RETRY_CNT + 1) <=
+               budget_ns)
+        t++;
+    return t;
+}
+
+int weft__ib_can_fail_over(const ib_wire *w)
+{
+    const ib_tp *tp = w->tp;
+
+    return tp->ready && tp->p->cfg->wire_timeout_ms > 0 &&
+           w->link != WEFT__LINK_LOOPBACK && tp->peers[w->peer].nwires >= 2;
+}
+
+/* A link to pick for a wire that leaves link `cur`: the next one whose
+ * port is up and on which no wire was lost; else `cur` again where its
+ * port is up (a queue pair that failed on a link that still works, with
+ * several wires on it); else -1. */
+static int pick_link(const ib_tp *tp, const ib_wire *w)
+{
+    const ib_peer *pe = &tp->peers[w->peer];
+
+    for (int k = 1; k <= pe->nlinks; k++) {
+        int li = (w->li + k) % pe->nlinks;
+
+        if (pe->links[li].dev->down)
+            continue;
+        if (li != w->li && ((pe->lost_links >> li) & 1))
+            continue;
+        return li;
+    }
+    return -1;
+}
+
+/* Fails the transport: the last wire to w's peer is lost. */
+static void all_lost(ib_tp *tp, ib_wire *w)
+{
+    ib_peer *pe = &tp->peers[w->peer];
+    char list[WEFT__ERRMSG_LEN / 2];
+    size_t n = 0;
+
+    list[0] = '\0';
+    for (int i = 0; i < pe->nwires && n + 2 < sizeof list; i++) {
+        const ib_wire *v = &pe->w[i];
+        if (v->fo == FO_UP && !v->need_stop)
+            continue;
+        int k =
+            snprintf(list + n, sizeof list - n, "%swire %d (link %u, %s): %s",
+                     n ? "; " : "", v->w, v->link, v->dev->name, v->why);
+        if (k < 0)
+            break;
+        n += (size_t)k < sizeof list - n ? (size_t)k : sizeof list - n - 1;
+    }
+    weft__ib_fail(tp, WEFT_EPEER,
+                  "rank %d: every wire to peer %d is lost (no link left to "
+                  "resume on): %s",
+                  tp->rank, w->peer, list);
+}
+
+static void msg_sent(weft__xfer *x)
+{
+    ((ib_msg *)x)->busy = 0;
+}
+
+/* The TCP wire to send a peer's messages on: one whose link has lost no
+ * wire and whose port is up, else the first. */
+static ib_link *ctl_link(ib_peer *pe)
+{
+    for (int li = 0; li < pe->nlinks; li++)
+        if (!((pe->lost_links >> li) & 1) && !pe->links[li].dev->down)
+            return &pe->links[li];
+    return &pe->links[0];
+}
+
+static int send_msg(ib_tp *tp, ib_wire *w, int type, uint32_t epoch)
+{
+    ib_peer *pe = &tp->peers[w->peer];
+    ib_msg *m;
+    int rc;
+
+    for (m = tp->tx_msgs; m != NULL && m->busy; m = m->next)
+        ;
+    if (m == NULL) {
+        if ((m = calloc(1, sizeof *m)) == NULL) {
+            weft__ib_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+            return tp->err;
+        }
+        m->tp = tp;
+        m->next = tp->tx_msgs;
+        tp->tx_msgs = m;
+    }
+    memset(m->b, 0, sizeof m->b);
+    m->b[0] = (uint8_t)type;
+    weft__put_be32(m->b + 4, (uint32_t)w->w);
+    weft__put_be32(m->b + 8, epoch);
+    weft__put_be32(m->b + 12, w->rep_landed);
+    weft__put_be32(m->b + 16, w->rep_consumed);
+    weft__put_be32(m->b + 20, (uint32_t)w->li);
+    if (type == M_F || type == M_C)
+        weft__ib_pack_qp(w, m->b + 24);
+    m->busy = 1;
+    rc = weft__ib_tcp_frame(tp, ctl_link(pe), 0, &m->x, m->b,
+                            IB_CTL_BYTES(tp->wires), msg_sent);
+    if (rc != 0) {
+        m->busy = 0;
+        if (tp->err == 0)
+            weft__ib_fail(tp, rc,
+                          "rank %d: cannot send the resume of wire %d to "
+                          "peer %d on its TCP wires",
+                          tp->rank, w->w, w->peer);
+    }
+    return tp->err;
+}
+
+static int retire(ib_tp *tp, struct ibv_qp *qp, struct ibv_mr *smr,
+                  struct ibv_mr *rmr)
+{
+    ib_retired *r = calloc(1, sizeof *r);
+
+    if (r == NULL) {
+        weft__ib_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+        return tp->err;
+    }
+    r->qp = qp;
+    r->smr = smr;
+    r->rmr = rmr;
+    r->next = tp->retired;
+    tp->retired = r;
+    return WEFT_OK;
+}
+
+/* Stops this end of a wire: nothing more lands, what landed is counted,
+ * and its queue pair is retired. */
+static int stop(ib_tp *tp, ib_wire *w)
+{
+    ib_peer *pe = &tp->peers[w->peer];
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    char lname[32];
+    int rc;
+
+    w->need_stop = 0;
+    w->fo = FO_STOPPING;
+    if (w->qp != NULL && (rc = ibv_modify_qp(w->qp, &a, IBV_QP_STATE)) != 0)
+        weft__log(WEFT__LOG_WARN, tp->rank,
+                  "wire %d to peer %d: cannot move its queue pair to the "
+                  "error state: %s",
+                  w->w, w->peer, strerror(rc));
+    /* Completions already made count (a slot that landed); the flushed
+     * ones are the stop's (weft__ib_wire_failed ignores them). */
+    weft__ib_cq_poll_all(tp);
+    if (tp->err != 0)
+        return tp->err;
+    w->rep_landed = (uint32_t)w->r_landed;
+    w->rep_consumed = (uint32_t)w->r_consumed;
+    if (w->qp != NULL && retire(tp, w->qp, NULL, NULL) != 0)
+        return tp->err;
+    w->qp = NULL;
+    w->qpn = 0;
+    w->s_wr = w->c_wr = w->r_wr = 0;
+    w->epoch++;
+    w->fo_ms = weft__now_ms();
+    pe->lost_links |= (uint64_t)1 << w->li;
+    atomic_fetch_add(&pe->lost, 1);
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "wire %d to peer %d (%s, device %s port %d, address %s) lost: "
+              "%s; resuming it over the links left (%llu of the peer's "
+              "slots landed here)",
+              w->w, w->peer, weft__ib_link_name(w, lname, sizeof lname),
+              w->dev->name, w->dev->port, w->addr, w->why,
+              (unsigned long long)w->r_landed);
+    return WEFT_OK;
+}
+
+/* Makes w's new queue pair on link li of its peer (INIT, receives
+ * posted), registering its rings on that link's device where it is
+ * another. */
+static int move_to(ib_tp *tp, ib_wire *w, int li)
+{
+    ib_link *lk = &tp->peers[w->peer].links[li];
+    int rc;
+
+    if (lk->dev != w->dev) {
+        if (retire(tp, NULL, w->smr, w->rmr) != 0)
+            return tp->err;
+        w->smr = w->rmr = NULL;
+    }
+    w->dev = lk->dev;
+    w->gid_index = lk->gid_index;
+    w->gid = lk->gid;
+    snprintf(w->addr, sizeof w->addr, "%s", lk->addr);
+    w->link = lk->link;
+    w->li = li;
+    if ((rc = weft__ib_qp_make(tp, w, w->dev)) != 0 && tp->err == 0)
+        tp->err = rc; /* recorded on the sink by weft__ib_qp_make */
+    return tp->err;
+}
+
+static int connect_to(ib_tp *tp, ib_wire *w, const uint8_t *e)
+{
+    int rc = weft__ib_wire_connect(tp, w, e);
+
+    if (rc != 0 && tp->err == 0)
+        tp->err = rc;
+    return tp->err;
+}
+
+/* After a stop: the higher rank picks the link and makes its queue pair
+ * there (F); the lower rank says it stopped (S, where it noticed first)
+ * and waits for the higher rank's pick. Either fails where no link is
+ * left. */
+static int stop_and_go(ib_tp *tp, ib_wire *w, int noticed)
+{
+    int li;
+
+    if (stop(tp, w) != 0)
+        return tp->err;
+    if ((li = pick_link(tp, w)) < 0) {
+        all_lost(tp, w);
+        return tp->err;
+    }
+    if (tp->rank < w->peer) {
+        w->fo = FO_STOPPED;
+        return noticed ? send_msg(tp, w, M_S, w->epoch - 1) : WEFT_OK;
+    }
+    if (move_to(tp, w, li) != 0)
+        return tp->err;
+    w->fo = FO_WAIT_C;
+    return send_msg(tp, w, M_F, w->epoch - 1);
+}
+
+/* Goes on from the peer's counts: the slots it did not count are written
+ * again (tx_flush), the frames it did are complete (tx_done). */
+static int resume(ib_tp *tp, ib_wire *w)
+{
+    ib_peer *pe = &tp->peers[w->peer];
+    uint32_t behind = (uint32_t)w->s_posted - w->peer_landed;
+    uint64_t landed, credit;
+    char lname[32];
+
+    landed = w->s_posted - behind;
+    credit = w->s_credit + (uint32_t)(w->peer_consumed - (uint32_t)w->s_credit);
+    if (behind > (uint32_t)tp->slots || landed < w->s_done || credit > landed) {
+        weft__ib_fail(tp, WEFT_ETRANSPORT,
+                      "rank %d: peer %d's counts for wire %d (landed %u, "
+                      "consumed %u) do not fit what this rank wrote "
+                      "(%llu slots, %llu acknowledged; protocol error)",
+                      tp->rank, w->peer, w->w, w->peer_landed, w->peer_consumed,
+                      (unsigned long long)w->s_posted,
+                      (unsigned long long)w->s_done);
+        return tp->err;
+    }
+    w->replay_end = w->s_posted;
+    w->s_posted = landed;
+    w->s_done = landed;
+    w->s_credit = credit;
+    w->r_returned =
+        w->r_consumed - (uint32_t)((uint32_t)w->r_consumed - w->rep_consumed);
+    w->fo = FO_UP;
+    atomic_fetch_add(&pe->back, 1);
+    weft__log(WEFT__LOG_WARN, tp->rank,
+              "wire %d to peer %d resumed on %s (device %s port %d, address "
+              "%s) after %llu ms: %llu slots written again",
+              w->w, w->peer, weft__ib_link_name(w, lname, sizeof lname),
+              w->dev->name, w->dev->port, w->addr,
+              (unsigned long long)(weft__now_ms() - w->fo_ms),
+              (unsigned long long)(w->replay_end - landed));
+    weft__ib_wire_kick(w);
+    return WEFT_OK;
+}
+
+/* Acts on a received message where its turn has come: DONE (acted on, or
+ * stale), else KEEP. */
+static int apply(ib_tp *tp, ib_msg *m)
+{
+    ib_wire *w = &tp->peers[m->peer].w[weft__get_be32(m->b + 4)];
+    uint32_t e = weft__get_be32(m->b + 8), E = w->epoch;
+    uint32_t li = weft__get_be32(m->b + 20);
+    int hi = tp->rank > m->peer, type = m->b[0];
+
+    if (hi != (type == M_S || type == M_C) ||
+        li >= (uint32_t)tp->peers[m->peer].nlinks) {
+        weft__ib_fail(tp, WEFT_ETRANSPORT,
+                      "rank %d: peer %d sent a resume message '%c' for wire "
+                      "%d that does not fit (protocol error)",
+                      tp->rank, m->peer, type, w->w);
+        return DONE;
+    }
+    switch (type) {
+    case M_S:
+        if (e == E && w->fo == FO_UP && !w->need_stop) {
+            snprintf(w->why, sizeof w->why, "peer %d lost it", w->peer);
+            stop_and_go(tp, w, 0);
+            return DONE;
+        }
+        return e > E ? KEEP : DONE;
+    case M_F:
+        if (e == E && w->fo == FO_UP) {
+            if (!w->need_stop)
+                snprintf(w->why, sizeof w->why, "peer %d lost it", w->peer);
+            if (stop(tp, w) != 0)
+                return DONE;
+            w->fo = FO_STOPPED;
+            E = w->epoch;
+        }
+        if (e + 1 == E && w->fo == FO_STOPPED) {
+            w->peer_landed = weft__get_be32(m->b + 12);
+            w->peer_consumed = weft__get_be32(m->b + 16);
+            if (move_to(tp, w, (int)li) != 0 || connect_to(tp, w, m->b + 24))
+                return DONE;
+            w->fo = FO_WAIT_A;
+            send_msg(tp, w, M_C, e);
+            return DONE;
+        }
+        return e >= E ? KEEP : DONE;
+    case M_C:
+        if (e + 1 == E && w->fo == FO_WAIT_C) {
+            w->peer_landed = weft__get_be32(m->b + 12);
+            w->peer_consumed = weft__get_be32(m->b + 16);
+            if (connect_to(tp, w, m->b + 24) != 0 || resume(tp, w) != 0)
+                return DONE;
+            send_msg(tp, w, M_A, e);
+            return DONE;
+        }
+        return e + 1 > E ? KEEP : DONE;
+    default: /* M_A */
+        if (e + 1 == E && w->fo == FO_WAIT_A) {
+            resume(tp, w);
+            return DONE;
+        }
+        return e + 1 > E || (e + 1 == E && w->fo != FO_UP) ? KEEP : DONE;
+    }
+}
+
+/* A message from a peer on a TCP wire (exchange.c: ctl_done), kept until
+ * its turn (weft__ib_fo_run). 0, or the failure (a garbled message). */
+int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b)
+{
+    ib_msg *m;
+
+    if ((b[0] != M_S && b[0] != M_F && b[0] != M_C && b[0] != M_A) ||
+        weft__get_be32(b + 4) >= (uint32_t)tp->peers[peer].nwires) {
+        weft__ib_fail(tp, WEFT_ETRANSPORT,
+                      "rank %d: peer %d sent garbage on its TCP wires",
+                      tp->rank, peer);
+        return tp->err;
+    }
+    if ((m = calloc(1, sizeof *m)) == NULL) {
+        weft__ib_fail(tp, WEFT_ENOMEM, "rank %d: out of memory", tp->rank);
+        return tp->err;
+    }
+    m->peer = peer;
+    memcpy(m->b, b, IB_FO_BYTES);
+    if (tp->rx_tail != NULL)
+        tp->rx_tail->next = m;
+    else
+        tp->rx_head = m;
+    tp->rx_tail = m;
+    tp->fo_work = 1;
+    return WEFT_OK;
+}
+
+/* Stops the wires that failed, acts on the messages whose turn has come,
+ * and fails a wire not resumed in time. Inside progress(). */
+void weft__ib_fo_run(ib_tp *tp)
+{
+    uint64_t now, limit = resume_limit_ms(tp);
+    int moved = 1, busy = 0, acted = 0;
+
+    while (moved && tp->err == 0 && !tp->shut) {
+        moved = 0;
+        for (int p = 0; p < tp->nranks && tp->err == 0; p++)
+            for (int i = 0; i < tp->peers[p].nwires && tp->err == 0; i++) {
+                ib_wire *w = &tp->peers[p].w[i];
+                if (w->need_stop && w->fo == FO_UP) {
+                    stop_and_go(tp, w, 1);
+                    moved = 1;
+                }
+            }
+        for (ib_msg **pm = &tp->rx_head; *pm != NULL && tp->err == 0;) {
+            ib_msg *m = *pm;
+            if (apply(tp, m) == KEEP) {
+                pm = &m->next;
+                continue;
+            }
+            *pm = m->next;
+            free(m);
+            moved = 1;
+        }
+        tp->rx_tail = NULL;
+        for (ib_msg *m = tp->rx_head; m != NULL; m = m->next)
+            tp->rx_tail = m;
+        acted |= moved;
+    }
+    if (tp->err != 0 || tp->shut)
+        return;
+    now = weft__now_ms();
+    for (int p = 0; p < tp->nranks; p++)
+        for (int i = 0; i < tp->peers[p].nwires; i++) {
+            ib_wire *w = &tp->peers[p].w[i];
+            if (w->fo == FO_UP && !w->need_stop)
+                continue;
+            busy = 1;
+            if (w->fo != FO_UP && now - w->fo_ms > limit) {
+                weft__ib_fail(tp, WEFT_EPEER,
+                              "rank %d: wire %d to peer %d lost its link "
+                              "(%s) and was not resumed within %llu ms",
+                              tp->rank, w->w, p, w->why,
+                              (unsigned long long)limit);
+                return;
+            }
+        }
+    tp->fo_work = busy || tp->rx_head != NULL;
+    if (acted) {
+        tp->events++;
+        weft__ib_process_dirty(tp);
+    }
+}
+
+/* How long progress() may sleep while a wire resumes (ms): until its
+ * limit, and never long, as its messages come on the TCP side. */
+int weft__ib_fo_wait_ms(const ib_tp *tp)
+{
+    uint64_t now = weft__now_ms(), limit = resume_limit_ms(tp);
+    int ms = 100;
+
+    for (int p = 0; p < tp->nranks; p++)
+        for (int i = 0; i < tp->peers[p].nwires; i++) {
+            const ib_wire *w = &tp->peers[p].w[i];
+            if (w->fo == FO_UP)
+                continue;
+            if (now >= w->fo_ms + limit)
+                return 0;
+            if (w->fo_ms + limit - now < (uint64_t)ms)
+                ms = (int)(w->fo_ms + limit - now);
+        }
+    return ms;
+}
+
+/* What failover replaced, destroyed (destroy, before the protection
+ * domains). */
+void weft__ib_fo_free(ib_tp *tp)
+{
+    int rc;
+
+    while (tp->retired != NULL) {
+        ib_retired *r = tp->retired;
+        tp->retired = r->next;
+        if (r->qp != NULL && (rc = ibv_destroy_qp(r->qp)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_destroy_qp: %s",
+                      strerror(rc));
+        if (r->rmr != NULL && (rc = ibv_dereg_mr(r->rmr)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_dereg_mr: %s",
+                      strerror(rc));
+        if (r->smr != NULL && (rc = ibv_dereg_mr(r->smr)) != 0)
+            weft__log(WEFT__LOG_WARN, tp->rank, "ibv_dereg_mr: %s",
+                      strerror(rc));
+        free(r);
+    }
+}
