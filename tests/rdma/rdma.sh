@@ -5,7 +5,8 @@
 # build's binaries: collectives across two hosts for 2, 3 and 4 ranks, 1 to
 # 3 wires and 1 and 2 links, four hosts in a ring with relayed send/recv, the
 # errors for a missing device or GID, a rank killed and a rank stopped
-# mid-all_reduce, and the multi-process suites over ibverbs. Builds nothing.
+# mid-all_reduce, a link lost under traffic (failover) and every link lost,
+# and the multi-process suites over ibverbs. Builds nothing.
 #
 # Exits with the tests' status; 77 (SKIP, with the reason) where configure
 # built no ibverbs transport, or qemu, the kernel or the packages the guest

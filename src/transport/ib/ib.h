@@ -10,8 +10,9 @@
  * completions.c (completions, progress), exchange.c (what travels on the
  * TCP wires: the queue pairs' addresses, ready, goodbye), setup.c
  * (planning the wires, their resources, create, shutdown and destroy, the
- * ops table); budget.c checks a device's limits, a pure function
- * (budget.h) tested on its own.
+ * ops table), failover.c (a wire whose queue pair fails resumed on a new
+ * one over another link; its header says how); budget.c checks a
+ * device's limits, a pure function (budget.h) tested on its own.
  *
  * Bootstrap and liveness ride on the TCP transport: create() opens one TCP
  * connection per link to every peer (weft__tcp_create_wires, with the job
@@ -82,9 +83,11 @@
  * finish returns WEFT_OK, and the failure stands for whatever next waits
  * on the lost peer.
  *
- * Every work completion's status is checked: a failed one fails the
- * communicator with WEFT_ETRANSPORT and ibv_wc_status_str() in the message,
- * or WEFT_EPEER where the peer has left. progress() polls the completion
+ * Every work completion's status is checked: a failed one stops its wire,
+ * which resumes on a new queue pair over another link where its peer has
+ * other wires (failover.c); otherwise it fails the communicator with
+ * WEFT_ETRANSPORT and ibv_wc_status_str() in the message, or WEFT_EPEER
+ * where the peer has left. progress() polls the completion
  * queues for WEFT_SPIN_US, then sleeps in poll() on the completion channels,
  * the devices' async event fds and the TCP transport's fd (which wake()
  * makes readable), never past the deadline.
