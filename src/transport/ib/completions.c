@@ -259,8 +259,11 @@ static void async_events(ib_tp *tp, ib_dev *d)
                 for (int i = 0; i < tp->peers[p].nwires; i++)
                     if (tp->peers[p].w[i].dev == d &&
                         tp->peers[p].w[i].fo == FO_UP)
-                        weft__ib_wire_failed(&tp->peers[p].w[i],
-                                             WEFT_ETRANSPORT, "port", what);
+                        weft__ib_wire_failed(
+                            &tp->peers[p].w[i], WEFT_ETRANSPORT, "traffic",
+                            "its port went down (IBV_EVENT_PORT_ERR: a "
+                            "cable pulled, an interface down, or the "
+                            "device reset)");
             break;
         case IBV_EVENT_CQ_ERR:
         case IBV_EVENT_DEVICE_FATAL:
