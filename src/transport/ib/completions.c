@@ -235,13 +235,14 @@ static void async_events(ib_tp *tp, ib_dev *d)
         }
         case IBV_EVENT_PORT_ACTIVE:
             if (ae.element.port_num == d->port && d->down) {
-                /* Its links may be picked again by a wire that fails
-                 * over (failover.c); none moves back on its own. */
+                /* Its links may be picked again, and the wires that left
+                 * them move back (failover.c). */
                 d->down = 0;
                 for (int p = 0; p < tp->nranks; p++)
                     for (int li = 0; li < tp->peers[p].nlinks; li++)
                         if (tp->peers[p].links[li].dev == d)
                             tp->peers[p].lost_links &= ~((uint64_t)1 << li);
+                tp->fo_work = 1; /* wires may move back (failover.c) */
                 weft__log(WEFT__LOG_WARN, tp->rank,
                           "RDMA device %s port %d is active again", d->name,
                           d->port);

@@ -37,8 +37,10 @@
  * (the two ends may use different TCP wires) waits.
  *
  * Links: a link whose wire was lost, or whose port went down, is not
- * picked while another is there (a port that comes back makes its link a
- * candidate again; wires do not move back on their own). The last wire
+ * picked while another is there. A port that comes back up
+ * (IBV_EVENT_PORT_ACTIVE) makes its links candidates again, and the
+ * higher rank moves each wire that left one back to it the same way (a
+ * move: the F message says so, and nothing counts as lost). The last wire
  * to a peer lost, or a wire not resumed within twice WEFT_WIRE_TIMEOUT_MS
  * and a second, is WEFT_EPEER naming the wires and why.
  */
@@ -84,14 +86,21 @@ int weft__ib_can_fail_over(const ib_wire *w)
            w->link != WEFT__LINK_LOOPBACK && tp->peers[w->peer].nwires >= 2;
 }
 
-/* A link to pick for a wire that leaves link `cur`: the next one whose
- * port is up and on which no wire was lost; else `cur` again where its
- * port is up (a queue pair that failed on a link that still works, with
- * several wires on it); else -1. */
+static int link_ok(const ib_peer *pe, int li)
+{
+    return !pe->links[li].dev->down && !((pe->lost_links >> li) & 1);
+}
+
+/* A link to pick for a wire that leaves its link: the one it was made on
+ * where that is up and lost no wire, else the next one that is; else its
+ * own again where its port is up (a queue pair that failed on a link that
+ * still works, with several wires on it); else -1. */
 static int pick_link(const ib_tp *tp, const ib_wire *w)
 {
     const ib_peer *pe = &tp->peers[w->peer];
 
+    if (link_ok(pe, w->home_li))
+        return w->home_li;
     for (int k = 1; k <= pe->nlinks; k++) {
         int li = (w->li + k) % pe->nlinks;
 
@@ -134,12 +143,29 @@ static void msg_sent(weft__xfer *x)
     ((ib_msg *)x)->busy = 0;
 }
 
-/* The TCP wire to send a peer's messages on: one whose link has lost no
- * wire and whose port is up, else the first. */
-static ib_link *ctl_link(ib_peer *pe)
+/* The TCP wire to send a peer's messages on: one that is up (not waiting
+ * to resume: its link lost) on a link whose port is up and that never
+ * lost a wire (a TCP connection that lived through an outage may still
+ * wait for its retransmission timer), else on a link whose port is up and
+ * lost no wire, else one that is up; else that of a link a wire to the
+ * peer works on now, else one whose link has lost no wire and whose port
+ * is up, else the first. */
+static ib_link *ctl_link(ib_tp *tp, ib_peer *pe)
 {
+    for (int pass = 0; pass < 3; pass++)
+        for (int li = 0; li < pe->nlinks; li++)
+            if ((pass == 2 || (link_ok(pe, li) &&
+                               (pass == 1 || !((pe->ever_lost >> li) & 1)))) &&
+                weft__tcp_wire_ready(tp->tcp, pe->links[li].peer,
+                                     pe->links[li].twire))
+                return &pe->links[li];
+    for (int i = 0; i < pe->nwires; i++) {
+        const ib_wire *v = &pe->w[i];
+        if (v->fo == FO_UP && !v->need_stop && link_ok(pe, v->li))
+            return &pe->links[v->li];
+    }
     for (int li = 0; li < pe->nlinks; li++)
-        if (!((pe->lost_links >> li) & 1) && !pe->links[li].dev->down)
+        if (link_ok(pe, li))
             return &pe->links[li];
     return &pe->links[0];
 }
@@ -163,6 +189,7 @@ static int send_msg(ib_tp *tp, ib_wire *w, int type, uint32_t epoch)
     }
     memset(m->b, 0, sizeof m->b);
     m->b[0] = (uint8_t)type;
+    m->b[1] = (uint8_t)w->moving;
     weft__put_be32(m->b + 4, (uint32_t)w->w);
     weft__put_be32(m->b + 8, epoch);
     weft__put_be32(m->b + 12, w->rep_landed);
@@ -171,7 +198,7 @@ static int send_msg(ib_tp *tp, ib_wire *w, int type, uint32_t epoch)
     if (type == M_F || type == M_C)
         weft__ib_pack_qp(w, m->b + 24);
     m->busy = 1;
-    rc = weft__ib_tcp_frame(tp, ctl_link(pe), 0, &m->x, m->b,
+    rc = weft__ib_tcp_frame(tp, ctl_link(tp, pe), 0, &m->x, m->b,
                             IB_CTL_BYTES(tp->wires), msg_sent);
     if (rc != 0) {
         m->busy = 0;
@@ -231,7 +258,17 @@ static int stop(ib_tp *tp, ib_wire *w)
     w->s_wr = w->c_wr = w->r_wr = 0;
     w->epoch++;
     w->fo_ms = weft__now_ms();
+    if (w->moving) {
+        weft__log(WEFT__LOG_WARN, tp->rank,
+                  "wire %d to peer %d (%s, device %s port %d): its own link "
+                  "is up again; moving it back (%llu of the peer's slots "
+                  "landed here)",
+                  w->w, w->peer, weft__ib_link_name(w, lname, sizeof lname),
+                  w->dev->name, w->dev->port, (unsigned long long)w->r_landed);
+        return WEFT_OK;
+    }
     pe->lost_links |= (uint64_t)1 << w->li;
+    pe->ever_lost |= (uint64_t)1 << w->li;
     atomic_fetch_add(&pe->lost, 1);
     weft__log(WEFT__LOG_WARN, tp->rank,
               "wire %d to peer %d (%s, device %s port %d, address %s) lost: "
@@ -328,14 +365,19 @@ static int resume(ib_tp *tp, ib_wire *w)
     w->r_returned =
         w->r_consumed - (uint32_t)((uint32_t)w->r_consumed - w->rep_consumed);
     w->fo = FO_UP;
-    atomic_fetch_add(&pe->back, 1);
+    /* Its link works (again). */
+    pe->lost_links &= ~((uint64_t)1 << w->li);
+    if (!w->moving)
+        atomic_fetch_add(&pe->back, 1);
     weft__log(WEFT__LOG_WARN, tp->rank,
-              "wire %d to peer %d resumed on %s (device %s port %d, address "
+              "wire %d to peer %d %s on %s (device %s port %d, address "
               "%s) after %llu ms: %llu slots written again",
-              w->w, w->peer, weft__ib_link_name(w, lname, sizeof lname),
-              w->dev->name, w->dev->port, w->addr,
+              w->w, w->peer, w->moving ? "moved back" : "resumed",
+              weft__ib_link_name(w, lname, sizeof lname), w->dev->name,
+              w->dev->port, w->addr,
               (unsigned long long)(weft__now_ms() - w->fo_ms),
               (unsigned long long)(w->replay_end - landed));
+    w->moving = 0;
     weft__ib_wire_kick(w);
     return WEFT_OK;
 }
@@ -367,6 +409,8 @@ static int apply(ib_tp *tp, ib_msg *m)
         return e > E ? KEEP : DONE;
     case M_F:
         if (e == E && w->fo == FO_UP) {
+            /* The peer moves it back to its own link, or lost it. */
+            w->moving = m->b[1] != 0 && !w->need_stop;
             if (!w->need_stop)
                 snprintf(w->why, sizeof w->why, "peer %d lost it", w->peer);
             if (stop(tp, w) != 0)
@@ -445,6 +489,15 @@ void weft__ib_fo_run(ib_tp *tp)
                 ib_wire *w = &tp->peers[p].w[i];
                 if (w->need_stop && w->fo == FO_UP) {
                     stop_and_go(tp, w, 1);
+                    moved = 1;
+                } else if (tp->rank > p && w->fo == FO_UP &&
+                           w->li != w->home_li &&
+                           link_ok(&tp->peers[p], w->home_li)) {
+                    /* Its own link is back (the higher rank leads). */
+                    w->moving = 1;
+                    snprintf(w->why, sizeof w->why,
+                             "moving back to its own link");
+                    stop_and_go(tp, w, 0);
                     moved = 1;
                 }
             }

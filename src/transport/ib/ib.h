@@ -216,6 +216,8 @@ typedef struct ib_wire {
     int need_stop; /* failed while up: failover.c stops it */
     uint32_t epoch;
     int li;              /* the peer's link (index in ib_peer.links) it uses */
+    int home_li;         /* the link it was made on */
+    int moving;          /* stopped to move back to home_li: nothing was lost */
     uint32_t *s_len;     /* bytes written from each send slot */
     uint64_t replay_end; /* slots to write again up to, after a resume */
     uint64_t fo_ms;      /* when it stopped */
@@ -254,6 +256,7 @@ typedef struct {
     ib_wire *w;
     int left;               /* the peer said goodbye */
     uint64_t lost_links;    /* links (bits by index) a wire was lost on */
+    uint64_t ever_lost;     /* ... since the start, come back or not */
     atomic_uint lost, back; /* wires lost, and resumed (weft_peer_wires) */
 } ib_peer;
 

@@ -83,7 +83,7 @@ static int plan(ib_tp *tp)
                 w->peer = p;
                 w->w = i * W + k;
                 w->link = links[i];
-                w->li = i;
+                w->li = w->home_li = i;
                 if ((rc = weft__ib_wire_device(tp, links[i], w)) != 0)
                     return rc;
                 w->dev->nqp++;

@@ -35,6 +35,9 @@ int weft__tcp_timeout(weft__tp *tp);
  * than arrived, or a send is posted to it. */
 unsigned weft__tcp_ends(weft__tp *tp);
 int weft__tcp_peer_ended(weft__tp *tp, int peer);
+/* Whether wire w to peer is up now (not paused to resume, nor closing),
+ * so that what is sent on it goes at once. */
+int weft__tcp_wire_ready(weft__tp *tp, int peer, int w);
 /* Whether peer has closed or reset a connection, asking the kernel now
  * (one poll() per connection, no completion runs): for a post, which must
  * not run progress. */

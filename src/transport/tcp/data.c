@@ -659,6 +659,18 @@ unsigned weft__tcp_ends(weft__tp *t)
     return ((tcp_tp *)t)->ends;
 }
 
+int weft__tcp_wire_ready(weft__tp *t, int p, int w)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    const conn *k;
+
+    if (p < 0 || p >= tp->nranks || w < 0 || w >= tp->peers[p].nwires)
+        return 0;
+    k = tp->peers[p].s[w].c;
+    return k != NULL && k->state == CONN_UP && !k->paused && !k->closing &&
+           k->rx_end == 0;
+}
+
 int weft__tcp_peer_ended(weft__tp *t, int p)
 {
     tcp_tp *tp = (tcp_tp *)t;
