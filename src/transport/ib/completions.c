@@ -88,13 +88,26 @@ static int tcp_wait_ms(ib_tp *tp)
     return (int)(end - now);
 }
 
+/* Whether a failed completion's status may be its link's: no answer
+ * (the retries ran out, a response timed out), or the flush of what was
+ * queued behind such a failure, or a fatal error of the queue pair. A
+ * request the peer refused (REM_INV_REQ_ERR, REM_ACCESS_ERR, ...) or a
+ * local protection or length error says that weft or the device is wrong:
+ * failing over would hide it. */
+static int link_status(enum ibv_wc_status st)
+{
+    return st == IBV_WC_RETRY_EXC_ERR || st == IBV_WC_WR_FLUSH_ERR ||
+           st == IBV_WC_RESP_TIMEOUT_ERR || st == IBV_WC_FATAL_ERR;
+}
+
 static void wc_failed(ib_wire *w, int kind, const struct ibv_wc *wc)
 {
     char detail[160];
 
     snprintf(detail, sizeof detail, "%s (status %d, vendor error 0x%x)",
              ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
-    weft__ib_wire_failed(w, WEFT_ETRANSPORT, wr_kind_name(kind), detail);
+    weft__ib_wire_failed_as(w, WEFT_ETRANSPORT, link_status(wc->status),
+                            wr_kind_name(kind), detail);
 }
 
 static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
@@ -119,7 +132,7 @@ static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
                      "a slot of %u bytes arrived with %llu unread "
                      "(protocol error)",
                      imm, (unsigned long long)(w->r_landed - w->r_consumed));
-            weft__ib_wire_failed(w, WEFT_ETRANSPORT, "receive", detail);
+            weft__ib_wire_failed_as(w, WEFT_ETRANSPORT, 0, "receive", detail);
             return;
         }
         w->r_len[w->r_landed % (uint64_t)tp->slots] = imm;
@@ -128,8 +141,8 @@ static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
         /* Credits: the peer's count of consumed slots, modulo 2^32. */
         uint64_t c = w->s_credit + (uint32_t)(imm - (uint32_t)w->s_credit);
         if (c > w->s_posted) {
-            weft__ib_wire_failed(
-                w, WEFT_ETRANSPORT, "receive",
+            weft__ib_wire_failed_as(
+                w, WEFT_ETRANSPORT, 0, "receive",
                 "credits for slots never written (protocol error)");
             return;
         }
@@ -138,7 +151,7 @@ static void wc_recv(ib_wire *w, const struct ibv_wc *wc)
         snprintf(detail, sizeof detail,
                  "unexpected completion opcode %d (protocol error)",
                  (int)wc->opcode);
-        weft__ib_wire_failed(w, WEFT_ETRANSPORT, "receive", detail);
+        weft__ib_wire_failed_as(w, WEFT_ETRANSPORT, 0, "receive", detail);
         return;
     }
     tp->events++;

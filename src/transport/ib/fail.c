@@ -95,9 +95,18 @@ int weft__ib_tcp_judge(ib_tp *tp)
  * elsewhere, once what landed on it has been handed over (completions.c:
  * tcp_wait_ms, left_check). A wire that can fail over (its peer has
  * another link) is stopped and resumed on a new queue pair over a link
- * left (failover.c). Otherwise it fails the transport. */
+ * left (failover.c), where the failure may be its link's (link: not a
+ * protocol error or a refused request, which say weft or the device is
+ * wrong, and fail the transport as they always did). Otherwise it fails
+ * the transport. */
 void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
                           const char *detail)
+{
+    weft__ib_wire_failed_as(w, err, 1, what, detail);
+}
+
+void weft__ib_wire_failed_as(ib_wire *w, int err, int link, const char *what,
+                             const char *detail)
 {
     ib_tp *tp = w->tp;
     char lname[32];
@@ -114,7 +123,7 @@ void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
         w->dead = 1;
         return;
     }
-    if (w->fo == FO_UP && weft__ib_can_fail_over(w)) {
+    if (link && w->fo == FO_UP && weft__ib_can_fail_over(w)) {
         snprintf(w->why, sizeof w->why, "%s: %s", what, detail);
         w->need_stop = 1;
         tp->fo_work = 1;

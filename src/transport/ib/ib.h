@@ -333,6 +333,10 @@ int weft__ib_tcp_news(ib_tp *tp);
 int weft__ib_tcp_judge(ib_tp *tp);
 void weft__ib_wire_failed(ib_wire *w, int err, const char *what,
                           const char *detail);
+/* The same, link 0 where the failure cannot be its link's (a protocol
+ * error, a request the peer's device refused): never failed over. */
+void weft__ib_wire_failed_as(ib_wire *w, int err, int link, const char *what,
+                             const char *detail);
 
 /* completions.c: completions and progress; the ops table's progress and
  * wake. */
