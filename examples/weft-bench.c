@@ -58,21 +58,31 @@ static const struct {
     const char *name;
     enum bench_op op;
 } op_names[] = {
-    {"all_reduce", OP_ALL_REDUCE},       {"allreduce", OP_ALL_REDUCE},
-    {"all_gather", OP_ALL_GATHER},       {"allgather", OP_ALL_GATHER},
-    {"reduce_scatter", OP_REDUCE_SCATTER}, {"reducescatter", OP_REDUCE_SCATTER},
-    {"broadcast", OP_BROADCAST},         {"bcast", OP_BROADCAST},
-    {"sendrecv", OP_SENDRECV},           {"send_recv", OP_SENDRECV},
+    {"all_reduce", OP_ALL_REDUCE},
+    {"allreduce", OP_ALL_REDUCE},
+    {"all_gather", OP_ALL_GATHER},
+    {"allgather", OP_ALL_GATHER},
+    {"reduce_scatter", OP_REDUCE_SCATTER},
+    {"reducescatter", OP_REDUCE_SCATTER},
+    {"broadcast", OP_BROADCAST},
+    {"bcast", OP_BROADCAST},
+    {"sendrecv", OP_SENDRECV},
+    {"send_recv", OP_SENDRECV},
 };
 
 static const char *op_name(enum bench_op op)
 {
     switch (op) {
-    case OP_ALL_REDUCE: return "all_reduce";
-    case OP_ALL_GATHER: return "all_gather";
-    case OP_REDUCE_SCATTER: return "reduce_scatter";
-    case OP_BROADCAST: return "broadcast";
-    case OP_SENDRECV: return "sendrecv";
+    case OP_ALL_REDUCE:
+        return "all_reduce";
+    case OP_ALL_GATHER:
+        return "all_gather";
+    case OP_REDUCE_SCATTER:
+        return "reduce_scatter";
+    case OP_BROADCAST:
+        return "broadcast";
+    case OP_SENDRECV:
+        return "sendrecv";
     }
     return "?";
 }
@@ -266,11 +276,28 @@ static uint64_t parse_nbytes(const char *s, const char *what)
     if (errno != 0)
         usage_error("%s: '%s' is too large", what, s);
     switch (*end) {
-    case 'k': case 'K': mult = UINT64_C(1) << 10; end++; break;
-    case 'm': case 'M': mult = UINT64_C(1) << 20; end++; break;
-    case 'g': case 'G': mult = UINT64_C(1) << 30; end++; break;
-    case 't': case 'T': mult = UINT64_C(1) << 40; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mult = UINT64_C(1) << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = UINT64_C(1) << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = UINT64_C(1) << 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mult = UINT64_C(1) << 40;
+        end++;
+        break;
+    default:
+        break;
     }
     if (mult > 1 && (*end == 'i' || *end == 'I') &&
         (end[1] == 'B' || end[1] == 'b'))
@@ -278,8 +305,8 @@ static uint64_t parse_nbytes(const char *s, const char *what)
     else if (*end == 'B' || *end == 'b')
         end++;
     if (*end != '\0')
-        usage_error("%s: '%s' is not a size in bytes (use K, M, G or T)",
-                    what, s);
+        usage_error("%s: '%s' is not a size in bytes (use K, M, G or T)", what,
+                    s);
     if (v > UINT64_MAX / mult)
         usage_error("%s: '%s' is too large", what, s);
     return (uint64_t)v * mult;
@@ -404,8 +431,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
     if (optind < argc)
         usage_error("unexpected argument '%s'", argv[optind]);
     if (o->min_nbytes > o->max_nbytes)
-        usage_error("-b %" PRIu64 " is larger than -e %" PRIu64,
-                    o->min_nbytes, o->max_nbytes);
+        usage_error("-b %" PRIu64 " is larger than -e %" PRIu64, o->min_nbytes,
+                    o->max_nbytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -521,10 +548,18 @@ static int64_t reduced(const struct bench *b, uint64_t i)
     for (int r = 1; r < b->nranks; r++) {
         int64_t v = pattern(b, r, i);
         switch (b->o.redop) {
-        case WEFT_SUM: acc += v; break;
-        case WEFT_PROD: acc *= v; break;
-        case WEFT_MIN: acc = v < acc ? v : acc; break;
-        case WEFT_MAX: acc = v > acc ? v : acc; break;
+        case WEFT_SUM:
+            acc += v;
+            break;
+        case WEFT_PROD:
+            acc *= v;
+            break;
+        case WEFT_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case WEFT_MAX:
+            acc = v > acc ? v : acc;
+            break;
         }
     }
     return acc;
@@ -593,10 +628,24 @@ static void store_bits(void *buf, size_t idx, size_t elem_size, uint64_t bits)
 {
     unsigned char *p = (unsigned char *)buf + idx * elem_size;
     switch (elem_size) {
-    case 1: { uint8_t x = (uint8_t)bits; memcpy(p, &x, 1); break; }
-    case 2: { uint16_t x = (uint16_t)bits; memcpy(p, &x, 2); break; }
-    case 4: { uint32_t x = (uint32_t)bits; memcpy(p, &x, 4); break; }
-    default: memcpy(p, &bits, 8); break;
+    case 1: {
+        uint8_t x = (uint8_t)bits;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case 2: {
+        uint16_t x = (uint16_t)bits;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case 4: {
+        uint32_t x = (uint32_t)bits;
+        memcpy(p, &x, 4);
+        break;
+    }
+    default:
+        memcpy(p, &bits, 8);
+        break;
     }
 }
 
@@ -604,10 +653,26 @@ static uint64_t load_bits(const void *buf, size_t idx, size_t elem_size)
 {
     const unsigned char *p = (const unsigned char *)buf + idx * elem_size;
     switch (elem_size) {
-    case 1: { uint8_t x; memcpy(&x, p, 1); return x; }
-    case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
-    case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
-    default: { uint64_t x; memcpy(&x, p, 8); return x; }
+    case 1: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return x;
+    }
+    case 2: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return x;
+    }
+    case 4: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    default: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        return x;
+    }
     }
 }
 
@@ -739,9 +804,9 @@ static void run_op(struct bench *b, size_t count)
          * the previous one at the same time. */
         int next = (b->rank + 1) % b->nranks;
         int prev = (b->rank - 1 + b->nranks) % b->nranks;
-        WCHECK(weft_sendrecv(c, b->call_send, next, b->call_recv, prev, count,
-                             dt),
-               "weft_sendrecv");
+        WCHECK(
+            weft_sendrecv(c, b->call_send, next, b->call_recv, prev, count, dt),
+            "weft_sendrecv");
         break;
     }
     }
@@ -768,14 +833,12 @@ static uint64_t check_data(const struct bench *b, size_t count)
     case OP_REDUCE_SCATTER: {
         uint64_t first = (uint64_t)b->rank * count;
         for (size_t i = 0; i < count; i++)
-            wrong += !matches(b->call_recv, i, dt,
-                              reduced(b, first + i));
+            wrong += !matches(b->call_recv, i, dt, reduced(b, first + i));
         break;
     }
     case OP_BROADCAST:
         for (size_t i = 0; i < count; i++)
-            wrong += !matches(b->call_recv, i, dt,
-                              pattern(b, b->o.root, i));
+            wrong += !matches(b->call_recv, i, dt, pattern(b, b->o.root, i));
         break;
     case OP_SENDRECV: {
         int prev = (b->rank - 1 + b->nranks) % b->nranks;
@@ -850,11 +913,14 @@ static double busbw_factor(const struct bench *b)
 {
     double n = (double)b->nranks;
     switch (b->o.op) {
-    case OP_ALL_REDUCE: return 2.0 * (n - 1.0) / n;
+    case OP_ALL_REDUCE:
+        return 2.0 * (n - 1.0) / n;
     case OP_ALL_GATHER:
-    case OP_REDUCE_SCATTER: return (n - 1.0) / n;
+    case OP_REDUCE_SCATTER:
+        return (n - 1.0) / n;
     case OP_BROADCAST:
-    case OP_SENDRECV: return 1.0;
+    case OP_SENDRECV:
+        return 1.0;
     }
     return 1.0;
 }
@@ -945,8 +1011,7 @@ int main(int argc, char **argv)
     if (b.sendbuf == NULL || b.recvbuf == NULL || b.rank_key == NULL) {
         fprintf(stderr,
                 "weft-bench: rank %d: cannot allocate %zu + %zu bytes\n",
-                b.rank, max_send * b.dt->elem_size,
-                max_recv * b.dt->elem_size);
+                b.rank, max_send * b.dt->elem_size, max_recv * b.dt->elem_size);
         alloc_ok = 0;
     }
     /* Every rank learns whether every rank has its buffers. */
