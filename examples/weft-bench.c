@@ -17,10 +17,13 @@
  * result is exact and a bitwise comparison is fair.
  *
  * Bandwidths follow nccl-tests: algbw = size / time, where size is the whole
- * buffer (for all_gather the received buffer, for reduce_scatter the sent
- * one, i.e. nranks * count elements), and busbw = algbw * factor with
- * factor 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter
- * and 1 for broadcast and sendrecv. GB means 1e9 bytes.
+ * buffer (for all_gather and gather the received buffer, for
+ * reduce_scatter and scatter the sent one, for the all-to-alls either,
+ * i.e. nranks * count elements; for the others count elements), and
+ * busbw = algbw * factor with factor 2(n-1)/n for all_reduce, (n-1)/n for
+ * all_gather, reduce_scatter, gather, scatter, all_to_all and all_to_allv
+ * (the share of the buffer that crosses a link) and 1 for broadcast,
+ * reduce and sendrecv. GB means 1e9 bytes.
  *
  * Exit status: 0 when every check passed, 1 when a check failed or a weft
  * call failed, 2 for bad arguments.
@@ -51,35 +54,90 @@ enum bench_op {
     OP_ALL_GATHER,
     OP_REDUCE_SCATTER,
     OP_BROADCAST,
-    OP_SENDRECV
+    OP_SENDRECV,
+    OP_REDUCE,
+    OP_GATHER,
+    OP_SCATTER,
+    OP_ALL_TO_ALL,
+    OP_ALL_TO_ALLV
 };
 
 static const struct {
     const char *name;
     enum bench_op op;
 } op_names[] = {
-    {"all_reduce", OP_ALL_REDUCE},       {"allreduce", OP_ALL_REDUCE},
-    {"all_gather", OP_ALL_GATHER},       {"allgather", OP_ALL_GATHER},
-    {"reduce_scatter", OP_REDUCE_SCATTER}, {"reducescatter", OP_REDUCE_SCATTER},
-    {"broadcast", OP_BROADCAST},         {"bcast", OP_BROADCAST},
-    {"sendrecv", OP_SENDRECV},           {"send_recv", OP_SENDRECV},
+    {"all_reduce", OP_ALL_REDUCE},
+    {"allreduce", OP_ALL_REDUCE},
+    {"all_gather", OP_ALL_GATHER},
+    {"allgather", OP_ALL_GATHER},
+    {"reduce_scatter", OP_REDUCE_SCATTER},
+    {"reducescatter", OP_REDUCE_SCATTER},
+    {"broadcast", OP_BROADCAST},
+    {"bcast", OP_BROADCAST},
+    {"sendrecv", OP_SENDRECV},
+    {"send_recv", OP_SENDRECV},
+    {"reduce", OP_REDUCE},
+    {"gather", OP_GATHER},
+    {"scatter", OP_SCATTER},
+    {"all_to_all", OP_ALL_TO_ALL},
+    {"alltoall", OP_ALL_TO_ALL},
+    {"all_to_allv", OP_ALL_TO_ALLV},
+    {"alltoallv", OP_ALL_TO_ALLV},
 };
 
 static const char *op_name(enum bench_op op)
 {
     switch (op) {
-    case OP_ALL_REDUCE: return "all_reduce";
-    case OP_ALL_GATHER: return "all_gather";
-    case OP_REDUCE_SCATTER: return "reduce_scatter";
-    case OP_BROADCAST: return "broadcast";
-    case OP_SENDRECV: return "sendrecv";
+    case OP_ALL_REDUCE:
+        return "all_reduce";
+    case OP_ALL_GATHER:
+        return "all_gather";
+    case OP_REDUCE_SCATTER:
+        return "reduce_scatter";
+    case OP_BROADCAST:
+        return "broadcast";
+    case OP_SENDRECV:
+        return "sendrecv";
+    case OP_REDUCE:
+        return "reduce";
+    case OP_GATHER:
+        return "gather";
+    case OP_SCATTER:
+        return "scatter";
+    case OP_ALL_TO_ALL:
+        return "all_to_all";
+    case OP_ALL_TO_ALLV:
+        return "all_to_allv";
     }
     return "?";
 }
 
 static int op_reduces(enum bench_op op)
 {
-    return op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER;
+    return op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER || op == OP_REDUCE;
+}
+
+/* The operations that take a root (-R). */
+static int op_rooted(enum bench_op op)
+{
+    return op == OP_BROADCAST || op == OP_REDUCE || op == OP_GATHER ||
+           op == OP_SCATTER;
+}
+
+/* The operations whose size is the whole nranks * count buffer: count
+ * elements per rank (all_gather, reduce_scatter, gather, scatter) or per
+ * peer (the all-to-alls). */
+static int op_whole(enum bench_op op)
+{
+    return op == OP_ALL_GATHER || op == OP_REDUCE_SCATTER || op == OP_GATHER ||
+           op == OP_SCATTER || op == OP_ALL_TO_ALL || op == OP_ALL_TO_ALLV;
+}
+
+/* The operations -N posts with their weft_i* form. */
+static int op_nonblocking(enum bench_op op)
+{
+    return op == OP_ALL_REDUCE || op == OP_REDUCE || op == OP_GATHER ||
+           op == OP_SCATTER || op == OP_ALL_TO_ALL || op == OP_ALL_TO_ALLV;
 }
 
 /*
@@ -165,7 +223,7 @@ struct bench_opts {
     int warmup_iters;
     int check;
     int in_place;
-    int nonblocking; /* all_reduce through weft_iall_reduce + weft_wait */
+    int nonblocking; /* weft_i* + weft_wait (op_nonblocking's ops) */
     int root;
     int timeout_ms; /* 0: leave the communicator's default */
     weft_dtype dtype;
@@ -175,7 +233,9 @@ struct bench_opts {
 static const char usage_text[] =
     "usage: weftrun -n N -- weft-bench [options]\n"
     "  -o, --op OP             all_reduce | all_gather | reduce_scatter |\n"
-    "                          broadcast | sendrecv (default all_reduce)\n"
+    "                          broadcast | sendrecv | reduce | gather |\n"
+    "                          scatter | all_to_all | all_to_allv\n"
+    "                          (default all_reduce)\n"
     "  -b, --minbytes SIZE     smallest size in bytes (default 8)\n"
     "  -e, --maxbytes SIZE     largest size in bytes (default 64M)\n"
     "                          SIZE takes a K, M, G or T suffix (1024-based)\n"
@@ -189,17 +249,23 @@ static const char usage_text[] =
     "                          half|float16 bfloat16 float|float32\n"
     "                          double|float64 (default float)\n"
     "  -r, --redop OP          sum | prod | min | max (default sum)\n"
-    "  -R, --root R            root rank of broadcast (default 0)\n"
+    "  -R, --root R            root rank of broadcast, reduce, gather and\n"
+    "                          scatter (default 0)\n"
     "  -I, --inplace 0|1       run the in-place form (default 0)\n"
-    "  -N, --nonblocking 0|1   all_reduce: post weft_iall_reduce and\n"
+    "  -N, --nonblocking 0|1   all_reduce, reduce, gather, scatter and the\n"
+    "                          all-to-alls: post the weft_i* form and\n"
     "                          weft_wait for it, as frameworks do (the\n"
     "                          progress thread runs it; default 0)\n"
     "  -t, --timeout_ms MS     per-operation deadline (weft_set_timeout)\n"
     "  -h, --help              show this text\n"
-    "Sizes are rounded down to a multiple of the element size (for all_gather\n"
-    "and reduce_scatter, of nranks * element size); sizes that round to 0 are\n"
-    "skipped. Rank 0 prints one row per size: size count type redop root\n"
-    "time(us) algbw(GB/s) busbw(GB/s) #wrong.\n";
+    "The size is the whole buffer: for all_gather, reduce_scatter, gather,\n"
+    "scatter and the all-to-alls nranks * count elements (count per rank or\n"
+    "per peer), rounded down to a multiple of nranks * element size, else\n"
+    "of the element size; sizes that round to 0 are skipped. all_to_allv\n"
+    "sends rank i's block for rank j of count * 2((i + j) % n + 1) / (n + 1)\n"
+    "elements (uneven, some empty at small counts). Rank 0 prints one row\n"
+    "per size: size count type redop root time(us) algbw(GB/s) busbw(GB/s)\n"
+    "#wrong.\n";
 
 /*
  * The rank this process will have, guessed from the launchers' environment
@@ -266,11 +332,28 @@ static uint64_t parse_nbytes(const char *s, const char *what)
     if (errno != 0)
         usage_error("%s: '%s' is too large", what, s);
     switch (*end) {
-    case 'k': case 'K': mult = UINT64_C(1) << 10; end++; break;
-    case 'm': case 'M': mult = UINT64_C(1) << 20; end++; break;
-    case 'g': case 'G': mult = UINT64_C(1) << 30; end++; break;
-    case 't': case 'T': mult = UINT64_C(1) << 40; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mult = UINT64_C(1) << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mult = UINT64_C(1) << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mult = UINT64_C(1) << 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        mult = UINT64_C(1) << 40;
+        end++;
+        break;
+    default:
+        break;
     }
     if (mult > 1 && (*end == 'i' || *end == 'I') &&
         (end[1] == 'B' || end[1] == 'b'))
@@ -278,8 +361,8 @@ static uint64_t parse_nbytes(const char *s, const char *what)
     else if (*end == 'B' || *end == 'b')
         end++;
     if (*end != '\0')
-        usage_error("%s: '%s' is not a size in bytes (use K, M, G or T)",
-                    what, s);
+        usage_error("%s: '%s' is not a size in bytes (use K, M, G or T)", what,
+                    s);
     if (v > UINT64_MAX / mult)
         usage_error("%s: '%s' is too large", what, s);
     return (uint64_t)v * mult;
@@ -404,8 +487,8 @@ static void parse_args(int argc, char **argv, struct bench_opts *o)
     if (optind < argc)
         usage_error("unexpected argument '%s'", argv[optind]);
     if (o->min_nbytes > o->max_nbytes)
-        usage_error("-b %" PRIu64 " is larger than -e %" PRIu64,
-                    o->min_nbytes, o->max_nbytes);
+        usage_error("-b %" PRIu64 " is larger than -e %" PRIu64, o->min_nbytes,
+                    o->max_nbytes);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -464,6 +547,9 @@ struct bench {
     /* Pointers handed to the call for the current size. */
     void *call_send;
     void *call_recv;
+    /* all_to_allv: this rank's counts and displacements (elements, nranks
+     * entries each) for the current size. */
+    size_t *scounts, *sdispls, *rcounts, *rdispls;
 };
 
 static uint64_t mix64(uint64_t x)
@@ -521,10 +607,18 @@ static int64_t reduced(const struct bench *b, uint64_t i)
     for (int r = 1; r < b->nranks; r++) {
         int64_t v = pattern(b, r, i);
         switch (b->o.redop) {
-        case WEFT_SUM: acc += v; break;
-        case WEFT_PROD: acc *= v; break;
-        case WEFT_MIN: acc = v < acc ? v : acc; break;
-        case WEFT_MAX: acc = v > acc ? v : acc; break;
+        case WEFT_SUM:
+            acc += v;
+            break;
+        case WEFT_PROD:
+            acc *= v;
+            break;
+        case WEFT_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case WEFT_MAX:
+            acc = v > acc ? v : acc;
+            break;
         }
     }
     return acc;
@@ -593,10 +687,24 @@ static void store_bits(void *buf, size_t idx, size_t elem_size, uint64_t bits)
 {
     unsigned char *p = (unsigned char *)buf + idx * elem_size;
     switch (elem_size) {
-    case 1: { uint8_t x = (uint8_t)bits; memcpy(p, &x, 1); break; }
-    case 2: { uint16_t x = (uint16_t)bits; memcpy(p, &x, 2); break; }
-    case 4: { uint32_t x = (uint32_t)bits; memcpy(p, &x, 4); break; }
-    default: memcpy(p, &bits, 8); break;
+    case 1: {
+        uint8_t x = (uint8_t)bits;
+        memcpy(p, &x, 1);
+        break;
+    }
+    case 2: {
+        uint16_t x = (uint16_t)bits;
+        memcpy(p, &x, 2);
+        break;
+    }
+    case 4: {
+        uint32_t x = (uint32_t)bits;
+        memcpy(p, &x, 4);
+        break;
+    }
+    default:
+        memcpy(p, &bits, 8);
+        break;
     }
 }
 
@@ -604,10 +712,26 @@ static uint64_t load_bits(const void *buf, size_t idx, size_t elem_size)
 {
     const unsigned char *p = (const unsigned char *)buf + idx * elem_size;
     switch (elem_size) {
-    case 1: { uint8_t x; memcpy(&x, p, 1); return x; }
-    case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
-    case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
-    default: { uint64_t x; memcpy(&x, p, 8); return x; }
+    case 1: {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return x;
+    }
+    case 2: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return x;
+    }
+    case 4: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    default: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        return x;
+    }
     }
 }
 
@@ -637,6 +761,27 @@ static void poison(void *buf, size_t nelems, const struct bench *b)
 /* ------------------------------------------------------------------------ */
 /* One size                                                                  */
 
+/* all_to_allv: the elements rank i sends rank j for a nominal count per
+ * peer: count * 2((i + j) % n + 1) / (n + 1), from about 2 count / n to
+ * about 2 count, some 0 at small counts; each rank sends and receives
+ * about n * count in all, never more than 2 n * count. */
+static size_t v_count(const struct bench *b, int i, int j, size_t count)
+{
+    uint64_t n = (uint64_t)b->nranks;
+    uint64_t k = (uint64_t)(i + j) % n + 1;
+    return (size_t)((uint64_t)count * 2 * k / (n + 1));
+}
+
+/* all_to_allv: the displacement of rank i's block for rank j in rank i's
+ * sendbuf (its blocks lie in rank order, packed). */
+static size_t v_sdispl(const struct bench *b, int i, int j, size_t count)
+{
+    size_t d = 0;
+    for (int p = 0; p < j; p++)
+        d += v_count(b, i, p, count);
+    return d;
+}
+
 /* Sets the pointers handed to the call for count elements (per rank for
  * all_gather and reduce_scatter). */
 static void set_call_buffers(struct bench *b, size_t count)
@@ -646,6 +791,17 @@ static void set_call_buffers(struct bench *b, size_t count)
 
     b->call_send = b->sendbuf;
     b->call_recv = b->recvbuf;
+    if (b->o.op == OP_ALL_TO_ALLV) {
+        size_t n = (size_t)b->nranks, so = 0, ro = 0;
+        for (size_t p = 0; p < n; p++) {
+            b->scounts[p] = v_count(b, b->rank, (int)p, count);
+            b->sdispls[p] = so;
+            so += b->scounts[p];
+            b->rcounts[p] = v_count(b, (int)p, b->rank, count);
+            b->rdispls[p] = ro;
+            ro += b->rcounts[p];
+        }
+    }
     if (!b->o.in_place)
         return;
     switch (b->o.op) {
@@ -658,8 +814,25 @@ static void set_call_buffers(struct bench *b, size_t count)
     case OP_REDUCE_SCATTER:
         b->call_recv = b->sendbuf + block;
         break;
+    case OP_REDUCE:
+        /* In place on the root only: sendbuf == recvbuf there. */
+        if (b->rank == b->o.root)
+            b->call_send = b->recvbuf;
+        break;
+    case OP_GATHER:
+        if (b->rank == b->o.root)
+            b->call_send = b->recvbuf + count * es * (size_t)b->o.root;
+        break;
+    case OP_SCATTER:
+        if (b->rank == b->o.root)
+            b->call_recv = b->sendbuf + count * es * (size_t)b->o.root;
+        break;
+    case OP_ALL_TO_ALL:
+        b->call_send = b->recvbuf;
+        break;
     case OP_BROADCAST:
     case OP_SENDRECV:
+    case OP_ALL_TO_ALLV:
         break;
     }
 }
@@ -697,6 +870,33 @@ static void init_data(struct bench *b, size_t count, uint64_t salt, int check)
             poison(b->recvbuf, count, b);
         fill(b, b->sendbuf, 0, count);
         break;
+    case OP_REDUCE:
+        if (b->rank == b->o.root && !b->o.in_place && check)
+            poison(b->recvbuf, count, b);
+        fill(b, b->call_send, 0, count);
+        break;
+    case OP_GATHER:
+        if (b->rank == b->o.root && check)
+            poison(b->recvbuf, n * count, b);
+        fill(b, b->call_send, 0, count);
+        break;
+    case OP_SCATTER:
+        if (b->rank == b->o.root)
+            fill(b, b->sendbuf, 0, n * count);
+        if (check && b->call_recv != b->sendbuf + count * b->dt->elem_size *
+                                                      (size_t)b->rank)
+            poison(b->call_recv, count, b);
+        break;
+    case OP_ALL_TO_ALL:
+        if (!b->o.in_place && check)
+            poison(b->recvbuf, n * count, b);
+        fill(b, b->call_send, 0, n * count);
+        break;
+    case OP_ALL_TO_ALLV:
+        if (check)
+            poison(b->recvbuf, b->rdispls[n - 1] + b->rcounts[n - 1], b);
+        fill(b, b->sendbuf, 0, b->sdispls[n - 1] + b->scounts[n - 1]);
+        break;
     }
 }
 
@@ -704,17 +904,16 @@ static void run_op(struct bench *b, size_t count)
 {
     weft_comm *c = g_comm;
     weft_dtype dt = b->o.dtype;
+    weft_request *req = NULL;
+    weft_request **nb = b->o.nonblocking ? &req : NULL;
+    int root = b->o.root;
 
     switch (b->o.op) {
     case OP_ALL_REDUCE:
-        if (b->o.nonblocking) {
-            weft_request *req = NULL;
-
+        if (nb) {
             WCHECK(weft_iall_reduce(c, b->call_send, b->call_recv, count, dt,
-                                    b->o.redop, &req),
+                                    b->o.redop, nb),
                    "weft_iall_reduce");
-            WCHECK(weft_wait(req), "weft_wait");
-            weft_request_free(req);
             break;
         }
         WCHECK(weft_all_reduce(c, b->call_send, b->call_recv, count, dt,
@@ -739,11 +938,63 @@ static void run_op(struct bench *b, size_t count)
          * the previous one at the same time. */
         int next = (b->rank + 1) % b->nranks;
         int prev = (b->rank - 1 + b->nranks) % b->nranks;
-        WCHECK(weft_sendrecv(c, b->call_send, next, b->call_recv, prev, count,
-                             dt),
-               "weft_sendrecv");
+        WCHECK(
+            weft_sendrecv(c, b->call_send, next, b->call_recv, prev, count, dt),
+            "weft_sendrecv");
         break;
     }
+    case OP_REDUCE:
+        if (nb)
+            WCHECK(weft_ireduce(c, b->call_send, b->call_recv, count, dt,
+                                b->o.redop, root, nb),
+                   "weft_ireduce");
+        else
+            WCHECK(weft_reduce(c, b->call_send, b->call_recv, count, dt,
+                               b->o.redop, root),
+                   "weft_reduce");
+        break;
+    case OP_GATHER:
+        if (nb)
+            WCHECK(weft_igather(c, b->call_send, b->call_recv, count, dt, root,
+                                nb),
+                   "weft_igather");
+        else
+            WCHECK(weft_gather(c, b->call_send, b->call_recv, count, dt, root),
+                   "weft_gather");
+        break;
+    case OP_SCATTER:
+        if (nb)
+            WCHECK(weft_iscatter(c, b->call_send, b->call_recv, count, dt, root,
+                                 nb),
+                   "weft_iscatter");
+        else
+            WCHECK(weft_scatter(c, b->call_send, b->call_recv, count, dt, root),
+                   "weft_scatter");
+        break;
+    case OP_ALL_TO_ALL:
+        if (nb)
+            WCHECK(
+                weft_iall_to_all(c, b->call_send, b->call_recv, count, dt, nb),
+                "weft_iall_to_all");
+        else
+            WCHECK(weft_all_to_all(c, b->call_send, b->call_recv, count, dt),
+                   "weft_all_to_all");
+        break;
+    case OP_ALL_TO_ALLV:
+        if (nb)
+            WCHECK(weft_iall_to_allv(c, b->call_send, b->scounts, b->sdispls,
+                                     b->call_recv, b->rcounts, b->rdispls, dt,
+                                     nb),
+                   "weft_iall_to_allv");
+        else
+            WCHECK(weft_all_to_allv(c, b->call_send, b->scounts, b->sdispls,
+                                    b->call_recv, b->rcounts, b->rdispls, dt),
+                   "weft_all_to_allv");
+        break;
+    }
+    if (req != NULL) {
+        WCHECK(weft_wait(req), "weft_wait");
+        weft_request_free(req);
     }
 }
 
@@ -768,14 +1019,12 @@ static uint64_t check_data(const struct bench *b, size_t count)
     case OP_REDUCE_SCATTER: {
         uint64_t first = (uint64_t)b->rank * count;
         for (size_t i = 0; i < count; i++)
-            wrong += !matches(b->call_recv, i, dt,
-                              reduced(b, first + i));
+            wrong += !matches(b->call_recv, i, dt, reduced(b, first + i));
         break;
     }
     case OP_BROADCAST:
         for (size_t i = 0; i < count; i++)
-            wrong += !matches(b->call_recv, i, dt,
-                              pattern(b, b->o.root, i));
+            wrong += !matches(b->call_recv, i, dt, pattern(b, b->o.root, i));
         break;
     case OP_SENDRECV: {
         int prev = (b->rank - 1 + b->nranks) % b->nranks;
@@ -783,6 +1032,42 @@ static uint64_t check_data(const struct bench *b, size_t count)
             wrong += !matches(b->call_recv, i, dt, pattern(b, prev, i));
         break;
     }
+    case OP_REDUCE:
+        if (b->rank == b->o.root)
+            for (size_t i = 0; i < count; i++)
+                wrong += !matches(b->call_recv, i, dt, reduced(b, i));
+        break;
+    case OP_GATHER:
+        if (b->rank == b->o.root)
+            for (size_t r = 0; r < n; r++)
+                for (size_t i = 0; i < count; i++)
+                    wrong += !matches(b->recvbuf, r * count + i, dt,
+                                      pattern(b, (int)r, i));
+        break;
+    case OP_SCATTER: {
+        uint64_t first = (uint64_t)b->rank * count;
+        for (size_t i = 0; i < count; i++)
+            wrong +=
+                !matches(b->call_recv, i, dt, pattern(b, b->o.root, first + i));
+        break;
+    }
+    case OP_ALL_TO_ALL: {
+        /* Rank p's block for this rank: its elements rank*count on. */
+        uint64_t first = (uint64_t)b->rank * count;
+        for (size_t p = 0; p < n; p++)
+            for (size_t i = 0; i < count; i++)
+                wrong += !matches(b->call_recv, p * count + i, dt,
+                                  pattern(b, (int)p, first + i));
+        break;
+    }
+    case OP_ALL_TO_ALLV:
+        for (size_t p = 0; p < n; p++) {
+            uint64_t first = v_sdispl(b, (int)p, b->rank, count);
+            for (size_t i = 0; i < b->rcounts[p]; i++)
+                wrong += !matches(b->call_recv, b->rdispls[p] + i, dt,
+                                  pattern(b, (int)p, first + i));
+        }
+        break;
     }
     return wrong;
 }
@@ -799,7 +1084,7 @@ static double now_s(void)
 static size_t count_for(const struct bench *b, uint64_t nbytes)
 {
     uint64_t unit = b->dt->elem_size;
-    if (b->o.op == OP_ALL_GATHER || b->o.op == OP_REDUCE_SCATTER)
+    if (op_whole(b->o.op))
         unit *= (uint64_t)b->nranks;
     return (size_t)(nbytes / unit);
 }
@@ -808,7 +1093,7 @@ static size_t count_for(const struct bench *b, uint64_t nbytes)
 static uint64_t size_for(const struct bench *b, size_t count)
 {
     uint64_t nbytes = (uint64_t)count * b->dt->elem_size;
-    if (b->o.op == OP_ALL_GATHER || b->o.op == OP_REDUCE_SCATTER)
+    if (op_whole(b->o.op))
         nbytes *= (uint64_t)b->nranks;
     return nbytes;
 }
@@ -842,6 +1127,26 @@ static void buffer_counts(const struct bench *b, size_t count, size_t *nsend,
         *nsend = count;
         *nrecv = count;
         return;
+    case OP_REDUCE:
+        *nsend = count;
+        *nrecv = count;
+        return;
+    case OP_GATHER:
+        *nsend = count;
+        *nrecv = n * count;
+        return;
+    case OP_SCATTER:
+        *nsend = n * count;
+        *nrecv = count;
+        return;
+    case OP_ALL_TO_ALL:
+        *nsend = ip ? 0 : n * count;
+        *nrecv = n * count;
+        return;
+    case OP_ALL_TO_ALLV:
+        *nsend = 2 * n * count;
+        *nrecv = 2 * n * count;
+        return;
     }
     *nsend = *nrecv = count;
 }
@@ -850,11 +1155,19 @@ static double busbw_factor(const struct bench *b)
 {
     double n = (double)b->nranks;
     switch (b->o.op) {
-    case OP_ALL_REDUCE: return 2.0 * (n - 1.0) / n;
+    case OP_ALL_REDUCE:
+        return 2.0 * (n - 1.0) / n;
     case OP_ALL_GATHER:
-    case OP_REDUCE_SCATTER: return (n - 1.0) / n;
+    case OP_REDUCE_SCATTER:
+    case OP_GATHER:
+    case OP_SCATTER:
+    case OP_ALL_TO_ALL:
+    case OP_ALL_TO_ALLV:
+        return (n - 1.0) / n;
     case OP_BROADCAST:
-    case OP_SENDRECV: return 1.0;
+    case OP_SENDRECV:
+    case OP_REDUCE:
+        return 1.0;
     }
     return 1.0;
 }
@@ -900,7 +1213,7 @@ int main(int argc, char **argv)
     if (o->timeout_ms > 0)
         WCHECK(weft_set_timeout(g_comm, o->timeout_ms), "weft_set_timeout");
 
-    if (o->op == OP_BROADCAST && o->root >= b.nranks) {
+    if (op_rooted(o->op) && o->root >= b.nranks) {
         if (b.rank == 0)
             fprintf(stderr, "weft-bench: -R %d: root must be below %d ranks\n",
                     o->root, b.nranks);
@@ -909,8 +1222,9 @@ int main(int argc, char **argv)
     }
     if (o->op == OP_BROADCAST)
         o->in_place = 1; /* weft_broadcast has one buffer */
-    int ignored_in_place = o->op == OP_SENDRECV && o->in_place;
-    if (o->op == OP_SENDRECV)
+    int ignored_in_place =
+        (o->op == OP_SENDRECV || o->op == OP_ALL_TO_ALLV) && o->in_place;
+    if (o->op == OP_SENDRECV || o->op == OP_ALL_TO_ALLV)
         o->in_place = 0; /* send and receive need their own buffers */
 
     if (!op_reduces(o->op)) {
@@ -942,11 +1256,17 @@ int main(int argc, char **argv)
     b.sendbuf = malloc(max_send * b.dt->elem_size + 1);
     b.recvbuf = malloc(max_recv * b.dt->elem_size + 1);
     b.rank_key = calloc((size_t)b.nranks, sizeof *b.rank_key);
-    if (b.sendbuf == NULL || b.recvbuf == NULL || b.rank_key == NULL) {
+    b.scounts = calloc(4 * (size_t)b.nranks, sizeof *b.scounts);
+    if (b.scounts != NULL) {
+        b.sdispls = b.scounts + b.nranks;
+        b.rcounts = b.sdispls + b.nranks;
+        b.rdispls = b.rcounts + b.nranks;
+    }
+    if (b.sendbuf == NULL || b.recvbuf == NULL || b.rank_key == NULL ||
+        b.scounts == NULL) {
         fprintf(stderr,
                 "weft-bench: rank %d: cannot allocate %zu + %zu bytes\n",
-                b.rank, max_send * b.dt->elem_size,
-                max_recv * b.dt->elem_size);
+                b.rank, max_send * b.dt->elem_size, max_recv * b.dt->elem_size);
         alloc_ok = 0;
     }
     /* Every rank learns whether every rank has its buffers. */
@@ -956,13 +1276,14 @@ int main(int argc, char **argv)
         free(b.sendbuf);
         free(b.recvbuf);
         free(b.rank_key);
+        free(b.scounts);
         weft_finalize(g_comm);
         return 1;
     }
 
     int r0 = b.rank == 0;
     const char *redop_col = op_reduces(o->op) ? redop_name(o->redop) : "none";
-    int root_col = o->op == OP_BROADCAST ? o->root : -1;
+    int root_col = op_rooted(o->op) ? o->root : -1;
 
     if (r0) {
         printf("# weft-bench: op %s, %d ranks, dtype %s, redop %s, iters %d, "
@@ -983,10 +1304,17 @@ int main(int argc, char **argv)
         else
             printf("default\n");
         if (ignored_in_place)
-            printf("#   -I 1 has no effect on sendrecv\n");
+            printf("#   -I 1 has no effect on %s\n", op_name(o->op));
         if (o->nonblocking)
-            printf("#   non-blocking: weft_iall_reduce + weft_wait%s\n",
-                   o->op == OP_ALL_REDUCE ? "" : " (all_reduce only: ignored)");
+            printf("#   non-blocking: weft_i%s + weft_wait%s\n", op_name(o->op),
+                   op_nonblocking(o->op) ? ""
+                                         : " (not this operation: ignored)");
+        printf("#   size: %s; busbw = algbw * %s\n",
+               op_whole(o->op) ? "the whole nranks * count buffer"
+                               : "count elements",
+               o->op == OP_ALL_REDUCE ? "2(n-1)/n"
+               : op_whole(o->op)      ? "(n-1)/n"
+                                      : "1");
         printf("#   time: the slowest rank's average per operation; "
                "GB = 1e9 bytes\n");
         printf("#\n");
@@ -996,6 +1324,8 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    if (o->nonblocking && !op_nonblocking(o->op))
+        o->nonblocking = 0;
     if (o->op == OP_SENDRECV && b.nranks < 2) {
         if (r0)
             printf("# sendrecv needs at least 2 ranks: nothing to measure\n"
@@ -1003,6 +1333,7 @@ int main(int argc, char **argv)
         free(b.sendbuf);
         free(b.recvbuf);
         free(b.rank_key);
+        free(b.scounts);
         weft_finalize(g_comm);
         return 0;
     }
@@ -1084,6 +1415,7 @@ int main(int argc, char **argv)
     free(b.sendbuf);
     free(b.recvbuf);
     free(b.rank_key);
+    free(b.scounts);
     err = weft_finalize(g_comm);
     if (err != WEFT_OK) {
         /* The communicator is gone; its last error cannot be asked for. */

@@ -6,7 +6,8 @@
 # 3 wires and 1 and 2 links, four hosts in a ring with relayed send/recv, the
 # errors for a missing device or GID, a rank killed and a rank stopped
 # mid-all_reduce, a link lost under traffic (failover) and every link lost,
-# and the multi-process suites over ibverbs. Builds nothing.
+# reduce, gather, scatter and the all-to-alls across the hosts, and the
+# multi-process suites over ibverbs. Builds nothing.
 #
 # Exits with the tests' status; 77 (SKIP, with the reason) where configure
 # built no ibverbs transport, or qemu, the kernel or the packages the guest
@@ -56,7 +57,7 @@ fi
 set -- --file "$WEFTRUN" --file "$WEFT_BENCH" --file "$here/guest-tests"
 [ -x "$FAILPROG" ] && set -- "$@" --file "$FAILPROG"
 [ -x "$NBPROG" ] && set -- "$@" --file "$NBPROG"
-for t in test_collectives test_p2p test_failures; do
+for t in test_collectives test_p2p test_failures test_rooted; do
     [ -x "$top/tests/mp/$t" ] && set -- "$@" --file "$top/tests/mp/$t"
 done
 if [ -n "${WEFT_FIXTURES-}" ] && [ -d "$WEFT_FIXTURES" ]; then
