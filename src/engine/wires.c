@@ -146,6 +146,14 @@ static int rx_wanted(const rxq *q)
            (q->w == 0 && q->c->eng->probes != NULL);
 }
 
+/* The transport's question about q's posted header read (x->arg is q):
+ * does anyone still wait for it? A probe that another peer's message
+ * ended leaves it posted; the peer leaving then fails nothing. */
+static int rx_xfer_wanted(const weft__xfer *x)
+{
+    return rx_wanted(x->arg);
+}
+
 /* A lane's header came: checked against what the lane expects. */
 static void rx_deliver(wstate *ws, const uint8_t *hdr)
 {
@@ -346,6 +354,8 @@ static void rx_kick(rxq *q)
                 return;
             q->x = (weft__xfer){0};
             q->x.done = rx_hdr_done;
+            q->x.arg = q;
+            q->x.wanted = rx_xfer_wanted;
             q->x.buf = (char *)q->hdr;
             q->x.len = HDR_BYTES;
             q->x.next_len = next_len(q);

@@ -55,7 +55,19 @@ typedef struct weft__xfer {
      * it on the wire (0: unknown), so that a transport that reads ahead
      * can stop before a large frame it would rather read in place. */
     size_t next_len;
+    /* A receive's: NULL, or whether anyone still waits for it. The engine
+     * keeps a read of a stream's next header posted after whoever wanted
+     * it went away (a probe of an any-source receive that another peer's
+     * message ended): a peer that leaves fails a receive only where it
+     * is wanted (weft__xfer_wanted). Asked on the progress thread. */
+    int (*wanted)(const struct weft__xfer *x);
 } weft__xfer;
+
+/* Whether receive x is waited for: a peer that left fails it only then. */
+static inline int weft__xfer_wanted(const weft__xfer *x)
+{
+    return x != NULL && (x->wanted == NULL || x->wanted(x));
+}
 
 /* Appends x to a transport's FIFO of posted frames (linked by tp_next). */
 static inline void weft__xq_push(weft__xfer **head, weft__xfer **tail,

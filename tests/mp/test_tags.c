@@ -440,6 +440,61 @@ static int dead_rank(int rank, int nranks, void *arg)
     return fail;
 }
 
+/* A peer that a finished any-source receive was also listening to (its
+ * probe read rank 2's stream too; rank 1's message ended it) finalizes
+ * and leaves, having sent nothing more: rank 0's later receive from rank
+ * 1 must not fail for it (the probe's read of rank 2's stream, still
+ * posted, is wanted by nobody). */
+static int early_leaver_rank(int rank, int nranks, void *arg)
+{
+    weft_comm *c = NULL;
+    weft_request *q = NULL;
+    int32_t v = -1, go = 1;
+    int rc;
+
+    (void)arg;
+    if (nranks != 3 || mp_init(&c, rank, nranks) != WEFT_OK)
+        return 1;
+    if (rank == 0) {
+        rc = weft_irecv_tag(c, &v, 1, WEFT_INT32, WEFT_ANY_SOURCE, 5, &q);
+        if (rc == WEFT_OK)
+            rc = weft_wait(q);
+        if (rc != WEFT_OK || weft_request_source(q) != 1 || v != 1) {
+            mp_log("any source: %s, source %d, value %d", weft_strerror(rc),
+                   weft_request_source(q), v);
+            return 1;
+        }
+        weft_request_free(q);
+        /* Rank 2 may go now; rank 1 sends once it has. */
+        if ((rc = weft_send(c, &go, 1, WEFT_INT32, 2)) == WEFT_OK)
+            rc = weft_recv(c, &v, 1, WEFT_INT32, 1);
+        if (rc != WEFT_OK || v != 11) {
+            mp_log("receive from rank 1 after rank 2 left: %s (%d)",
+                   weft_last_error(c), v);
+            return 1;
+        }
+    } else if (rank == 1) {
+        v = 1;
+        rc = weft_isend_tag(c, &v, 1, WEFT_INT32, 0, 5, &q);
+        if (rc == WEFT_OK)
+            rc = weft_wait(q);
+        weft_request_free(q);
+        mp_sleep_ms(500); /* rank 2 has left by then */
+        v = 11;
+        if (rc == WEFT_OK)
+            rc = weft_send(c, &v, 1, WEFT_INT32, 0);
+        if (rc != WEFT_OK) {
+            mp_log("rank 1: %s", weft_last_error(c));
+            return 1;
+        }
+    } else if ((rc = weft_recv(c, &go, 1, WEFT_INT32, 0)) != WEFT_OK) {
+        mp_log("rank 2: %s", weft_last_error(c));
+        return 1;
+    }
+    weft_finalize(c);
+    return 0;
+}
+
 /* ---- jobs ---- */
 
 enum mode { SHM, TCP, RING };
@@ -504,6 +559,14 @@ Test(tags, bad_args_and_too_large_tcp, .timeout = 60)
 Test(tags, dead_sender_tcp, .timeout = 60)
 {
     run_job(dead_rank, NULL, 2, TCP, 10000);
+}
+Test(tags, peer_leaves_after_any_source_shm, .timeout = 60)
+{
+    run_job(early_leaver_rank, NULL, 3, SHM, 10000);
+}
+Test(tags, peer_leaves_after_any_source_tcp, .timeout = 60)
+{
+    run_job(early_leaver_rank, NULL, 3, TCP, 10000);
 }
 Test(tags, dead_sender_shm, .timeout = 60)
 {

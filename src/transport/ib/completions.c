@@ -75,7 +75,7 @@ static int tcp_wait_ms(ib_tp *tp)
                 return 0;
             if (p != tp->tcp_lost)
                 continue;
-            if (w->rq_head != NULL || w->sq_head != NULL)
+            if (weft__xfer_wanted(w->rq_head) || w->sq_head != NULL)
                 return 0;
             if (w->wq_head != NULL) {
                 if (now >= ack_end)
@@ -314,7 +314,9 @@ static void left_check(ib_tp *tp)
         for (int i = 0; i < pe->nwires && tp->err == 0; i++) {
             ib_wire *w = &pe->w[i];
             int unsent = w->sq_head != NULL || (w->bye && w->wq_head != NULL);
-            if ((w->rq_head != NULL && w->r_consumed == w->r_landed) || unsent)
+            if ((weft__xfer_wanted(w->rq_head) &&
+                 w->r_consumed == w->r_landed) ||
+                unsent)
                 weft__ib_fail(
                     tp, WEFT_EPEER,
                     "rank %d: peer %d finalized while this rank still "

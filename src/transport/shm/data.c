@@ -444,7 +444,7 @@ static int judge_dead(shm_wire *w)
 
     if (w->sq_head != NULL || w->wq_head != NULL)
         what = "sending to it";
-    else if (w->rq_head != NULL &&
+    else if (weft__xfer_wanted(w->rq_head) &&
              atomic_load_explicit(&w->rx->head, memory_order_acquire) ==
                  atomic_load_explicit(&w->rx->tail, memory_order_relaxed))
         what = "receiving from it";

@@ -141,7 +141,7 @@ static void rx_drain(conn *k)
     /* A receive that the ended stream can no longer fill is a failure; an
      * end with nothing posted is not (yet): the peer may have sent all it
      * had to before it left. */
-    if (k->rq_head != NULL && k->rx_lo == k->rx_hi && k->rx_end != 0)
+    if (weft__xfer_wanted(k->rq_head) && k->rx_lo == k->rx_hi && k->rx_end != 0)
         rx_fail(k);
     /* Reading stopped on a full read-ahead: there is room again. */
     if (!k->reading && k->rx_end == 0 && k->rx_hi < RX_CAP && !k->closing &&
