@@ -90,14 +90,17 @@ static int tcp_wait_ms(ib_tp *tp)
 
 /* Whether a failed completion's status may be its link's: no answer
  * (the retries ran out, a response timed out), or the flush of what was
- * queued behind such a failure, or a fatal error of the queue pair. A
+ * queued behind such a failure, or a fatal error of the queue pair, or a
+ * request of a queue pair the device moved to its error state (rxe
+ * fails a write posted as its port goes down so: LOC_QP_OP_ERR). A
  * request the peer refused (REM_INV_REQ_ERR, REM_ACCESS_ERR, ...) or a
  * local protection or length error says that weft or the device is wrong:
  * failing over would hide it. */
 static int link_status(enum ibv_wc_status st)
 {
     return st == IBV_WC_RETRY_EXC_ERR || st == IBV_WC_WR_FLUSH_ERR ||
-           st == IBV_WC_RESP_TIMEOUT_ERR || st == IBV_WC_FATAL_ERR;
+           st == IBV_WC_RESP_TIMEOUT_ERR || st == IBV_WC_FATAL_ERR ||
+           st == IBV_WC_LOC_QP_OP_ERR;
 }
 
 static void wc_failed(ib_wire *w, int kind, const struct ibv_wc *wc)
