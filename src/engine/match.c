@@ -136,6 +136,14 @@ static int rl_wanted(const rlq *q)
     return q->takers != NULL || q->c->eng->probes != NULL;
 }
 
+/* The transport's question about q's posted header receive (x->arg is
+ * q): does anyone still wait for it? (A probe that another source's
+ * message ended leaves it posted.) */
+static int rl_xfer_wanted(const weft__xfer *x)
+{
+    return rl_wanted(x->arg);
+}
+
 /* Posts the receive of q's next header where someone waits for it. */
 static void rl_kick(rlq *q)
 {
@@ -146,6 +154,8 @@ static void rl_kick(rlq *q)
         return;
     q->x = (weft__xfer){0};
     q->x.done = rl_hdr_done;
+    q->x.arg = q;
+    q->x.wanted = rl_xfer_wanted;
     q->x.buf = (char *)q->hdr;
     q->x.len = HDR_BYTES;
     q->reading = 1;

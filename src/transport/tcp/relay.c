@@ -277,6 +277,15 @@ void weft__tcp_relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
 }
 
+/* Whether a posted relayed receive is waited for (weft__xfer_wanted). */
+static int rrecv_wanted(const tcp_tp *tp)
+{
+    for (const weft__xfer *x = tp->rrecv; x != NULL; x = x->tp_next)
+        if (weft__xfer_wanted(x))
+            return 1;
+    return 0;
+}
+
 void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
                              const uv_buf_t *buf)
 {
@@ -292,7 +301,7 @@ void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
         if (weft__tcp_pause(k, (int)nread))
             return; /* resumed on a new connection (resume.c) */
         k->rx_end = (int)nread;
-        if (tp->rrecv != NULL)
+        if (rrecv_wanted(tp))
             weft__tcp_fail(tp, WEFT_EPEER,
                            "rank %d: neighbour %d closed the relay connection "
                            "while a relayed message was awaited",
