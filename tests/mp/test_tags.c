@@ -465,10 +465,13 @@ static int early_leaver_rank(int rank, int nranks, void *arg)
             return 1;
         }
         weft_request_free(q);
-        /* Ranks 2.. may go now; rank 1 sends once they have. */
+        /* Ranks 2.. may go now, one after the other (each answers
+         * first: a rank that left forwards no relayed message); rank 1
+         * sends once they have. */
         rc = WEFT_OK;
         for (int p = 2; p < nranks && rc == WEFT_OK; p++)
-            rc = weft_send(c, &go, 1, WEFT_INT32, p);
+            if ((rc = weft_send(c, &go, 1, WEFT_INT32, p)) == WEFT_OK)
+                rc = weft_recv(c, &go, 1, WEFT_INT32, p);
         if (rc == WEFT_OK)
             rc = weft_recv(c, &v, 1, WEFT_INT32, 1);
         if (rc != WEFT_OK || v != 11) {
@@ -490,7 +493,8 @@ static int early_leaver_rank(int rank, int nranks, void *arg)
             mp_log("rank 1: %s", weft_last_error(c));
             return 1;
         }
-    } else if ((rc = weft_recv(c, &go, 1, WEFT_INT32, 0)) != WEFT_OK) {
+    } else if ((rc = weft_recv(c, &go, 1, WEFT_INT32, 0)) != WEFT_OK ||
+               (rc = weft_send(c, &go, 1, WEFT_INT32, 0)) != WEFT_OK) {
         mp_log("rank 2: %s", weft_last_error(c));
         return 1;
     }
