@@ -804,8 +804,6 @@ static int by_key_cmp(const void *x, const void *y)
 
 int weft_comm_split(weft_comm *c, int color, int key, weft_comm **out)
 {
-    struct sockaddr_in sa;
-    socklen_t salen = sizeof sa;
     int32_t mine[3], *all = NULL;
     by_key *grp = NULL;
     int *members = NULL, *ports = NULL, n = 0, lfd = -1, rc;
@@ -832,15 +830,14 @@ int weft_comm_split(weft_comm *c, int color, int key, weft_comm **out)
     mine[2] = 0;
     if (color >= 0 && nr > 1) {
         if ((lfd = listen_at(&c->cfg, 0)) < 0 ||
-            getsockname(lfd, (struct sockaddr *)&sa, &salen) != 0) {
+            (mine[2] = weft__fd_port(lfd)) < 0) {
             rc = say(c, WEFT_ETRANSPORT,
                      "rank %d: weft_comm_split: cannot listen: %s", c->x.rank,
                      strerror(errno));
             /* The others must not wait for this rank: it takes part
              * without a group. */
             mine[0] = -1;
-        } else
-            mine[2] = ntohs(sa.sin_port);
+        }
     }
     /* Every rank learns every rank's color, key and port. */
     if ((rc = weft_all_gather(c, mine, all, 3, WEFT_INT32)) != 0)

@@ -668,6 +668,21 @@ static const slot *other_link_up(const tcp_tp *tp, int p, int w)
     return NULL;
 }
 
+/* Where slot w of peer p has been tried since first_try_ms for the wire
+ * timeout and more without coming up, while another link to the peer has
+ * a wire up: that wire's slot, to make w over (a link lost during
+ * weft_init); else NULL. */
+static const slot *detour(const tcp_tp *tp, int p, int w, uint64_t now)
+{
+    const slot *s = &tp->peers[p].s[w];
+
+    if (tp->cfg->wire_timeout_ms <= 0 || s->link == WEFT__LINK_LOOPBACK ||
+        s->first_try_ms == 0 ||
+        now - s->first_try_ms < (uint64_t)tp->cfg->wire_timeout_ms)
+        return NULL;
+    return other_link_up(tp, p, w);
+}
+
 /* Dials slot w of peer p: over its own link, or, where that has not
  * answered within the wire timeout while another link to the peer has a
  * wire up (a link lost during weft_init), over that other link: the wire
@@ -678,16 +693,13 @@ static void start_connect(tcp_tp *tp, int p, int w)
 {
     slot *s = &tp->peers[p].s[w];
     const uint64_t now = weft__now_ms();
-    const slot *via;
-
     const int was = s->alt_link;
+    const slot *via;
 
     if (s->first_try_ms == 0)
         s->first_try_ms = now;
     s->alt_link = -1;
-    if (tp->cfg->wire_timeout_ms > 0 && s->link != WEFT__LINK_LOOPBACK &&
-        now - s->first_try_ms >= (uint64_t)tp->cfg->wire_timeout_ms &&
-        (via = other_link_up(tp, p, w)) != NULL) {
+    if ((via = detour(tp, p, w, now)) != NULL) {
         if (was != (int)via->link)
             weft__log(WEFT__LOG_WARN, tp->rank,
                       "wire %d to peer %d: its link (%s) did not answer "
@@ -739,10 +751,7 @@ void weft__tcp_housekeep_cb(uv_timer_t *t)
              * the wire timeout, while another link could carry the wire:
              * given up, to be made over that link. */
             if (s->trying != NULL && s->trying->state == CONN_CONNECTING &&
-                s->alt_link < 0 && tp->cfg->wire_timeout_ms > 0 &&
-                s->first_try_ms != 0 &&
-                now - s->first_try_ms >= (uint64_t)tp->cfg->wire_timeout_ms &&
-                other_link_up(tp, p, w) != NULL)
+                s->alt_link < 0 && detour(tp, p, w, now) != NULL)
                 retry_later(s->trying, "its link does not answer");
             if (s->trying == NULL && now >= s->next_try_ms &&
                 (tp->err == 0 ||
