@@ -6,6 +6,7 @@
 #ifndef WEFT_BYTES_H
 #define WEFT_BYTES_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 static inline void weft__put_be32(uint8_t *p, uint32_t v)
@@ -52,6 +53,18 @@ static inline void weft__put_le64(uint8_t *p, uint64_t v)
 static inline uint64_t weft__get_le64(const uint8_t *p)
 {
     return (uint64_t)weft__get_le32(p) | (uint64_t)weft__get_le32(p + 4) << 32;
+}
+
+/* FNV-1a over len bytes at p, from h (WEFT__FNV_BASIS to start): a hash
+ * for comparing and deriving, not for security. */
+#define WEFT__FNV_BASIS 0xcbf29ce484222325ull
+static inline uint64_t weft__fnv1a(uint64_t h, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
 #endif

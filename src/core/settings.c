@@ -63,11 +63,7 @@ static layout rec_layout(void)
 
 static uint64_t fnv1a(const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-
-    for (; *s != '\0'; s++)
-        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return h;
+    return weft__fnv1a(WEFT__FNV_BASIS, s, strlen(s));
 }
 
 static void pack(const weft_comm *c, const char *table, const char *err,

@@ -69,15 +69,6 @@ typedef struct {
     size_t errlen;
 } agree;
 
-static uint64_t fnv(uint64_t h, const void *p, size_t len)
-{
-    const uint8_t *b = p;
-
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 /* ---- processes of this host ---- */
 
 /* 1 where rank r of c runs on this host and its process is gone (or a
@@ -673,9 +664,10 @@ static int make(weft_comm *c, const int *members, int n, const int *ports,
     }
     /* A token of its own: its connections prove they are of this
      * communicator, not of c or of another one made from c. */
-    h = fnv(0xcbf29ce484222325ull ^ salt, members, sizeof *members * (size_t)n);
+    h = weft__fnv1a(WEFT__FNV_BASIS ^ salt, members,
+                    sizeof *members * (size_t)n);
     for (int i = 0; i < WEFT__TOKEN_BYTES; i++) {
-        h = fnv(h, &i, sizeof i);
+        h = weft__fnv1a(h, &i, sizeof i);
         k->cfg.token[i] ^= (uint8_t)(h >> 24);
     }
     k->derived = 1;
@@ -740,8 +732,9 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
     if (a.bm_bytes > 1024)
         return say(c, WEFT_ENOTSUP, "weft_comm_shrink: more than 8192 ranks");
     retire(c);
-    a.key = fnv(fnv(0xcbf29ce484222325ull, c->cfg.token, WEFT__TOKEN_BYTES),
-                "shrink", 6);
+    a.key = weft__fnv1a(
+        weft__fnv1a(WEFT__FNV_BASIS, c->cfg.token, WEFT__TOKEN_BYTES), "shrink",
+        6);
     a.deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     a.dead = calloc((size_t)a.n, 1);
     set = calloc((size_t)a.n, 1);
@@ -771,9 +764,9 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
     for (int r = 0; r < a.n; r++)
         if (set[r]) {
             members[n++] = r;
-            salt = fnv(salt, &r, sizeof r);
+            salt = weft__fnv1a(salt, &r, sizeof r);
         }
-    salt = fnv(salt, &c->splits, sizeof c->splits);
+    salt = weft__fnv1a(salt, &c->splits, sizeof c->splits);
     c->splits++;
     weft__log(WEFT__LOG_WARN, a.me, "weft_comm_shrink: %d of %d ranks go on", n,
               a.n);
@@ -842,7 +835,8 @@ int weft_comm_split(weft_comm *c, int color, int key, weft_comm **out)
     /* Every rank learns every rank's color, key and port. */
     if ((rc = weft_all_gather(c, mine, all, 3, WEFT_INT32)) != 0)
         goto out;
-    salt = fnv(0x73706c6974ull, &c->splits, sizeof c->splits); /* "split" */
+    salt = weft__fnv1a(0x73706c6974ull, &c->splits,
+                       sizeof c->splits); /* "split" */
     c->splits++;
     if (color < 0) {
         rc = WEFT_OK;
@@ -860,7 +854,7 @@ int weft_comm_split(weft_comm *c, int color, int key, weft_comm **out)
         members[i] = grp[i].rank;
         ports[i] = all[3 * grp[i].rank + 2];
     }
-    salt = fnv(salt, &color, sizeof color);
+    salt = weft__fnv1a(salt, &color, sizeof color);
     rc = make(c, members, n, ports, lfd, salt, "weft_comm_split", out);
 out:
     if (lfd >= 0)
