@@ -8,6 +8,7 @@
 
 #include "base/bytes.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,8 +77,10 @@ static int check_header(ib_tp *tp, const ib_link *lk)
 }
 
 /* Connects a wire's queue pair to the peer's (entry e): INIT -> RTR ->
- * RTS. */
-int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
+ * RTS. 0, or WEFT_ETRANSPORT with why said in why (the caller fails the
+ * transport, or fails over: failover.c). */
+int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e, char *why,
+                          size_t why_len)
 {
     enum ibv_mtu mtu = w->dev->pattr.active_mtu;
     struct ibv_qp_attr a;
@@ -120,13 +123,13 @@ int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e)
     }
     if (rc != 0) {
         char lname[32];
-        return weft__fail(
-            tp->p->sink, WEFT_ETRANSPORT,
-            "rank %d: cannot connect the queue pair of "
-            "wire %d to peer %d (%s, device %s port %d, "
-            "GID index %d): %s",
-            tp->rank, w->w, w->peer, weft__ib_link_name(w, lname, sizeof lname),
-            w->dev->name, w->dev->port, w->gid_index, strerror(rc));
+        snprintf(why, why_len,
+                 "rank %d: cannot connect the queue pair of wire %d to peer "
+                 "%d (%s, device %s port %d, GID index %d): %s",
+                 tp->rank, w->w, w->peer,
+                 weft__ib_link_name(w, lname, sizeof lname), w->dev->name,
+                 w->dev->port, w->gid_index, strerror(rc));
+        return WEFT_ETRANSPORT;
     }
     return WEFT_OK;
 }
@@ -271,10 +274,13 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
     {
         for (int k = 0; k < tp->wires; k++) {
             ib_wire *w = &pe->w[lk->twire * tp->wires + k];
+            char why[WEFT__ERRMSG_LEN];
+
             rc = weft__ib_wire_connect(tp, w,
-                                       lk->in + IB_HDR_BYTES + k * IB_QP_BYTES);
+                                       lk->in + IB_HDR_BYTES + k * IB_QP_BYTES,
+                                       why, sizeof why);
             if (rc != 0)
-                return rc;
+                return weft__fail(tp->p->sink, rc, "%s", why);
         }
         lk->ready_out = 'R';
         if ((rc = weft__ib_tcp_frame(tp, lk, 0, &lk->bye_tx, &lk->ready_out, 1,

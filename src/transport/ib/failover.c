@@ -31,6 +31,11 @@
  *   higher rank, on C: connects, resumes (writes again from the lower
  *      rank's count):  A
  *   lower rank, on A: resumes (from the higher rank's count).
+ * An end that cannot connect its new queue pair on the link picked (rxe
+ * resolves the peer's address as it connects, and a link just come back
+ * may not answer yet) says so instead of C or A:  N  (the epoch, the
+ * link); both ends then retire the new queue pairs, take that link as
+ * lost for a wire timeout, and the higher rank picks again (F).
  * Each end writes only once the other's queue pair is connected, so no
  * write meets a queue pair that is not ready. Messages carry the epoch
  * (queue pairs the wire retired), and one that arrives ahead of its turn
@@ -52,7 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { M_S = 'S', M_F = 'F', M_C = 'C', M_A = 'A' };
+enum { M_S = 'S', M_F = 'F', M_C = 'C', M_A = 'A', M_N = 'N' };
 enum { KEEP = 0, DONE = 1 };
 
 static uint64_t resume_limit_ms(const ib_tp *tp)
@@ -94,23 +99,49 @@ static int link_ok(const ib_peer *pe, int li)
 /* A link to pick for a wire that leaves its link: the one it was made on
  * where that is up and lost no wire, else the next one that is; else its
  * own again where its port is up (a queue pair that failed on a link that
- * still works, with several wires on it); else -1. */
+ * still works, with several wires on it); else one that refused a new
+ * queue pair lately and whose port is up (tried again, within the resume
+ * limit); else -1. */
 static int pick_link(const ib_tp *tp, const ib_wire *w)
 {
     const ib_peer *pe = &tp->peers[w->peer];
 
     if (link_ok(pe, w->home_li))
         return w->home_li;
-    for (int k = 1; k <= pe->nlinks; k++) {
-        int li = (w->li + k) % pe->nlinks;
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 1; k <= pe->nlinks; k++) {
+            int li = (w->li + k) % pe->nlinks;
 
-        if (pe->links[li].dev->down)
-            continue;
-        if (li != w->li && ((pe->lost_links >> li) & 1))
-            continue;
-        return li;
-    }
+            if (pe->links[li].dev->down)
+                continue;
+            int refused = (pe->refused_links >> li) & 1;
+
+            if (pass == 0
+                    ? refused || (li != w->li && ((pe->lost_links >> li) & 1))
+                    : !refused)
+                continue;
+            return li;
+        }
     return -1;
+}
+
+/* Whether w runs away from its own link, now up, and this end leads its
+ * move back (the higher rank). */
+static int wants_home(const ib_tp *tp, const ib_wire *w)
+{
+    return tp->rank > w->peer && w->fo == FO_UP && !w->need_stop &&
+           w->li != w->home_li && link_ok(&tp->peers[w->peer], w->home_li);
+}
+
+/* Whether link li carries traffic both ways again, as its TCP wire shows
+ * (back on its own link: the TCP side tries it once a second), before a
+ * wire moves back to it: rxe resolves the peer's address as a queue pair
+ * connects, and waits for it (seconds) where the far end does not answer
+ * yet. */
+static int home_answers(ib_tp *tp, const ib_peer *pe, int li)
+{
+    return weft__tcp_wire_home(tp->tcp, pe->links[li].peer,
+                               pe->links[li].twire);
 }
 
 /* Fails the transport: the last wire to w's peer is lost. */
@@ -304,13 +335,64 @@ static int move_to(ib_tp *tp, ib_wire *w, int li)
     return tp->err;
 }
 
+/* Connects w's new queue pair to the peer's: 0, 1 where the link picked
+ * refused it (the wire goes on elsewhere, or tries it again, within the
+ * resume limit: refused), or the transport's failure. The port event of a
+ * link come back may reach this end after the peer picked it. */
 static int connect_to(ib_tp *tp, ib_wire *w, const uint8_t *e)
 {
-    int rc = weft__ib_wire_connect(tp, w, e);
+    const ib_peer *pe = &tp->peers[w->peer];
+    char why[WEFT__ERRMSG_LEN];
 
-    if (rc != 0 && tp->err == 0)
-        tp->err = rc;
-    return tp->err;
+    /* A link that refused another wire's queue pair lately is not tried
+     * again (each try may wait a second) while another link is up. */
+    if ((pe->refused_links >> w->li) & 1)
+        for (int li = 0; li < pe->nlinks; li++)
+            if (li != w->li && link_ok(pe, li)) {
+                weft__log(WEFT__LOG_WARN, tp->rank,
+                          "wire %d to peer %d: link %d refused another "
+                          "wire's queue pair lately; trying another link",
+                          w->w, w->peer, w->li);
+                return 1;
+            }
+    if (weft__ib_wire_connect(tp, w, e, why, sizeof why) == 0 || tp->err != 0)
+        return tp->err;
+    weft__log(WEFT__LOG_WARN, tp->rank, "%s; trying another link", why);
+    return 1;
+}
+
+/* The new queue pair of w (epoch E) could not be connected on its link,
+ * at one end or the other: it is retired, the link is taken as lost for a
+ * wire timeout (fo_run takes it back then), and the higher rank picks
+ * again. */
+static int refused(ib_tp *tp, ib_wire *w)
+{
+    ib_peer *pe = &tp->peers[w->peer];
+    int li;
+
+    if (w->qp != NULL && retire(tp, w->qp, NULL, NULL) != 0)
+        return tp->err;
+    w->qp = NULL;
+    w->qpn = 0;
+    w->s_wr = w->c_wr = w->r_wr = 0;
+    w->epoch++;
+    pe->lost_links |= (uint64_t)1 << w->li;
+    pe->refused_links |= (uint64_t)1 << w->li;
+    pe->refused_ms = weft__now_ms();
+    snprintf(w->why, sizeof w->why, "link %d refused its new queue pair",
+             w->li);
+    if (tp->rank < w->peer) {
+        w->fo = FO_STOPPED;
+        return WEFT_OK;
+    }
+    if ((li = pick_link(tp, w)) < 0) {
+        all_lost(tp, w);
+        return tp->err;
+    }
+    if (move_to(tp, w, li) != 0)
+        return tp->err;
+    w->fo = FO_WAIT_C;
+    return send_msg(tp, w, M_F, w->epoch - 1);
 }
 
 /* After a stop: the higher rank picks the link and makes its queue pair
@@ -372,7 +454,10 @@ static int resume(ib_tp *tp, ib_wire *w)
     weft__log(WEFT__LOG_WARN, tp->rank,
               "wire %d to peer %d %s on %s (device %s port %d, address "
               "%s) after %llu ms: %llu slots written again",
-              w->w, w->peer, w->moving ? "moved back" : "resumed",
+              w->w, w->peer,
+              !w->moving            ? "resumed"
+              : w->li == w->home_li ? "moved back"
+                                    : "moved",
               weft__ib_link_name(w, lname, sizeof lname), w->dev->name,
               w->dev->port, w->addr,
               (unsigned long long)(weft__now_ms() - w->fo_ms),
@@ -389,9 +474,9 @@ static int apply(ib_tp *tp, ib_msg *m)
     ib_wire *w = &tp->peers[m->peer].w[weft__get_be32(m->b + 4)];
     uint32_t e = weft__get_be32(m->b + 8), E = w->epoch;
     uint32_t li = weft__get_be32(m->b + 20);
-    int hi = tp->rank > m->peer, type = m->b[0];
+    int hi = tp->rank > m->peer, type = m->b[0], rc = 0;
 
-    if (hi != (type == M_S || type == M_C) ||
+    if ((type != M_N && hi != (type == M_S || type == M_C)) ||
         li >= (uint32_t)tp->peers[m->peer].nlinks) {
         weft__ib_fail(tp, WEFT_ETRANSPORT,
                       "rank %d: peer %d sent a resume message '%c' for wire "
@@ -421,8 +506,12 @@ static int apply(ib_tp *tp, ib_msg *m)
         if (e + 1 == E && w->fo == FO_STOPPED) {
             w->peer_landed = weft__get_be32(m->b + 12);
             w->peer_consumed = weft__get_be32(m->b + 16);
-            if (move_to(tp, w, (int)li) != 0 || connect_to(tp, w, m->b + 24))
+            if (move_to(tp, w, (int)li) != 0 ||
+                (rc = connect_to(tp, w, m->b + 24)) < 0 || rc > 0) {
+                if (rc > 0 && send_msg(tp, w, M_N, e) == 0)
+                    refused(tp, w);
                 return DONE;
+            }
             w->fo = FO_WAIT_A;
             send_msg(tp, w, M_C, e);
             return DONE;
@@ -432,12 +521,29 @@ static int apply(ib_tp *tp, ib_msg *m)
         if (e + 1 == E && w->fo == FO_WAIT_C) {
             w->peer_landed = weft__get_be32(m->b + 12);
             w->peer_consumed = weft__get_be32(m->b + 16);
-            if (connect_to(tp, w, m->b + 24) != 0 || resume(tp, w) != 0)
+            if ((rc = connect_to(tp, w, m->b + 24)) != 0) {
+                if (rc > 0 && send_msg(tp, w, M_N, e) == 0)
+                    refused(tp, w);
+                return DONE;
+            }
+            if (resume(tp, w) != 0)
                 return DONE;
             send_msg(tp, w, M_A, e);
             return DONE;
         }
         return e + 1 > E ? KEEP : DONE;
+    case M_N:
+        /* The peer could not connect on the link picked: the higher rank
+         * waits for C, the lower for A. */
+        if (e + 1 == E && w->fo == (hi ? FO_WAIT_C : FO_WAIT_A)) {
+            weft__log(WEFT__LOG_WARN, tp->rank,
+                      "wire %d to peer %d: the peer could not connect its "
+                      "new queue pair on link %d; trying another link",
+                      w->w, m->peer, w->li);
+            refused(tp, w);
+            return DONE;
+        }
+        return e + 1 > E || (e + 1 == E && w->fo != FO_UP) ? KEEP : DONE;
     default: /* M_A */
         if (e + 1 == E && w->fo == FO_WAIT_A) {
             resume(tp, w);
@@ -453,7 +559,8 @@ int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b)
 {
     ib_msg *m;
 
-    if ((b[0] != M_S && b[0] != M_F && b[0] != M_C && b[0] != M_A) ||
+    if ((b[0] != M_S && b[0] != M_F && b[0] != M_C && b[0] != M_A &&
+         b[0] != M_N) ||
         weft__get_be32(b + 4) >= (uint32_t)tp->peers[peer].nwires) {
         weft__ib_fail(tp, WEFT_ETRANSPORT,
                       "rank %d: peer %d sent garbage on its TCP wires",
@@ -479,9 +586,19 @@ int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b)
  * and fails a wire not resumed in time. Inside progress(). */
 void weft__ib_fo_run(ib_tp *tp)
 {
-    uint64_t now, limit = resume_limit_ms(tp);
+    uint64_t now = weft__now_ms(), limit = resume_limit_ms(tp);
     int moved = 1, busy = 0, acted = 0;
 
+    /* A link that refused a new queue pair may be picked again after a
+     * wire timeout (wires move back to it). */
+    for (int p = 0; p < tp->nranks; p++) {
+        ib_peer *pe = &tp->peers[p];
+        if (pe->refused_links != 0 &&
+            now - pe->refused_ms >= (uint64_t)tp->p->cfg->wire_timeout_ms) {
+            pe->lost_links &= ~pe->refused_links;
+            pe->refused_links = 0;
+        }
+    }
     while (moved && tp->err == 0 && !tp->shut) {
         moved = 0;
         for (int p = 0; p < tp->nranks && tp->err == 0; p++)
@@ -490,9 +607,8 @@ void weft__ib_fo_run(ib_tp *tp)
                 if (w->need_stop && w->fo == FO_UP) {
                     stop_and_go(tp, w, 1);
                     moved = 1;
-                } else if (tp->rank > p && w->fo == FO_UP &&
-                           w->li != w->home_li &&
-                           link_ok(&tp->peers[p], w->home_li)) {
+                } else if (wants_home(tp, w) &&
+                           home_answers(tp, &tp->peers[p], w->home_li)) {
                     /* Its own link is back (the higher rank leads). */
                     w->moving = 1;
                     snprintf(w->why, sizeof w->why,
@@ -522,8 +638,10 @@ void weft__ib_fo_run(ib_tp *tp)
     for (int p = 0; p < tp->nranks; p++)
         for (int i = 0; i < tp->peers[p].nwires; i++) {
             ib_wire *w = &tp->peers[p].w[i];
-            if (w->fo == FO_UP && !w->need_stop)
+            if (w->fo == FO_UP && !w->need_stop) {
+                busy |= wants_home(tp, w); /* until its link answers */
                 continue;
+            }
             busy = 1;
             if (w->fo != FO_UP && now - w->fo_ms > limit) {
                 weft__ib_fail(tp, WEFT_EPEER,
@@ -534,6 +652,8 @@ void weft__ib_fo_run(ib_tp *tp)
                 return;
             }
         }
+    for (int p = 0; p < tp->nranks; p++)
+        busy |= tp->peers[p].refused_links != 0;
     tp->fo_work = busy || tp->rx_head != NULL;
     if (acted) {
         tp->events++;

@@ -257,6 +257,8 @@ typedef struct {
     int left;               /* the peer said goodbye */
     uint64_t lost_links;    /* links (bits by index) a wire was lost on */
     uint64_t ever_lost;     /* ... since the start, come back or not */
+    uint64_t refused_links; /* links that refused a new queue pair ... */
+    uint64_t refused_ms;    /* ... last at this time (failover.c) */
     atomic_uint lost, back; /* wires lost, and resumed (weft_peer_wires) */
 } ib_peer;
 
@@ -368,7 +370,8 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline);
 int weft__ib_qp_make(ib_tp *tp, ib_wire *w, ib_dev *d);
 void weft__ib_say_bye(ib_tp *tp);
 void weft__ib_pack_qp(const ib_wire *w, uint8_t *e);
-int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e);
+int weft__ib_wire_connect(ib_tp *tp, ib_wire *w, const uint8_t *e, char *why,
+                          size_t why_len);
 int weft__ib_tcp_frame(ib_tp *tp, ib_link *lk, int recv, weft__xfer *x,
                        void *buf, size_t len, void (*done)(weft__xfer *));
 

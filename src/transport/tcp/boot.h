@@ -38,6 +38,9 @@ int weft__tcp_peer_ended(weft__tp *tp, int peer);
 /* Whether wire w to peer is up now (not paused to resume, nor closing),
  * so that what is sent on it goes at once. */
 int weft__tcp_wire_ready(weft__tp *tp, int peer, int w);
+/* ... and, where this end dialled it, runs over its own link (not resumed
+ * over another): the link carries traffic both ways again. */
+int weft__tcp_wire_home(weft__tp *tp, int peer, int w);
 /* Whether peer has closed or reset a connection, asking the kernel now
  * (one poll() per connection, no completion runs): for a post, which must
  * not run progress. */

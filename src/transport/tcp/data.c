@@ -671,6 +671,17 @@ int weft__tcp_wire_ready(weft__tp *t, int p, int w)
            k->rx_end == 0;
 }
 
+int weft__tcp_wire_home(weft__tp *t, int p, int w)
+{
+    const tcp_tp *tp = (const tcp_tp *)t;
+    const slot *s;
+
+    if (!weft__tcp_wire_ready(t, p, w))
+        return 0;
+    s = &tp->peers[p].s[w];
+    return s->c->via_link < 0 || s->c->via_link == (int)s->link;
+}
+
 int weft__tcp_peer_ended(weft__tp *t, int p)
 {
     tcp_tp *tp = (tcp_tp *)t;
