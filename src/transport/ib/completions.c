@@ -23,6 +23,8 @@ static const char *wr_kind_name(int kind)
         return "RDMA write";
     case WR_CREDIT:
         return "credit message";
+    case WR_BEAT:
+        return "heartbeat";
     default:
         return "receive";
     }
@@ -44,9 +46,9 @@ static const char *wr_kind_name(int kind)
  * acknowledgement through the RDMA device's deferred work, the close
  * through the socket), and a guest whose virtual CPUs the host holds back
  * can let the close overtake it: TCP_ACK_GRACE_MS covers that. Waiting
- * for the write to fail instead is no bound: rxe retries a write to a
- * queue pair that is gone for ever at IB_RETRY_CNT 7. A wire whose queue
- * pair failed since completes nothing more either.
+ * for the write to fail instead takes its retries (IB_RETRY_CNT + 1 QP
+ * timeouts, about a second). A wire whose queue pair failed since
+ * completes nothing more either.
  *
  * What this rank waits for from the other peers does not count as long as
  * it moves: an operation that they finish with the landed data succeeds.
@@ -179,6 +181,9 @@ static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
         w->s_wr--;
         w->c_wr--;
         break;
+    case WR_BEAT:
+        w->s_wr--;
+        break;
     default:
         w->r_wr--;
         break;
@@ -193,6 +198,9 @@ static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
         wc_recv(w, wc);
         return;
     }
+    w->s_acked++;
+    if (kind == WR_BEAT)
+        return;
     if (kind == WR_DATA)
         w->s_done++;
     /* A free slot or send request: queued sends or credits may go. */
@@ -365,6 +373,7 @@ static int poll_once(ib_tp *tp)
         left_check(tp);
     if (tp->fo_work && tp->err == 0)
         weft__ib_fo_run(tp);
+    weft__ib_beat(tp);
     return tp->err;
 }
 
@@ -405,6 +414,10 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
         tmo = tt;
     if (tp->fo_work && (tt = weft__ib_fo_wait_ms(tp)) < tmo)
         tmo = tt;
+    if (tp->beat_every_ms > 0 && tp->ready)
+        tmo = tp->beat_ms <= now                  ? 0
+              : tp->beat_ms - now < (uint64_t)tmo ? (int)(tp->beat_ms - now)
+                                                  : tmo;
     pfd[n].fd = weft__tcp_fd(tp->tcp);
     pfd[n].events = POLLIN;
     owner[n++] = NULL;

@@ -52,6 +52,55 @@ static void credit_maybe(ib_wire *w)
     w->c_wr++;
 }
 
+/* Heartbeats: a wire with no send request outstanding and none completed
+ * since the last check gets a zero-length RDMA write, which its peer's
+ * device acknowledges (a stopped process's too). On a link that drops
+ * everything silently it fails after the queue pair's retries
+ * (weft__ib_qp_timeout fits them in WEFT_WIRE_TIMEOUT_MS), and the wire
+ * fails over, or the transport fails, as a data write's would: an idle
+ * wire notices a silent loss within the wire timeout too, not at its next
+ * write. A wire whose writes complete needs none. Checks run inside
+ * progress(), every beat_every_ms: a loss is seen within two checks and
+ * the retries. */
+void weft__ib_beat(ib_tp *tp)
+{
+    uint64_t now;
+
+    if (tp->beat_every_ms <= 0 || !tp->ready || tp->shut || tp->err != 0 ||
+        tp->tcp_err != 0 || (now = weft__now_ms()) < tp->beat_ms)
+        return;
+    tp->beat_ms = now + (uint64_t)tp->beat_every_ms;
+    for (int p = 0; p < tp->nranks; p++) {
+        ib_peer *pe = &tp->peers[p];
+
+        if (pe->left)
+            continue;
+        for (int i = 0; i < pe->nwires; i++) {
+            ib_wire *w = &pe->w[i];
+            struct ibv_send_wr wr, *bad = NULL;
+            int rc;
+
+            if (w->qp == NULL || w->dead || w->bye || w->fo != FO_UP ||
+                w->need_stop || w->s_wr > 0 || w->s_acked != w->beat_seen) {
+                w->beat_seen = w->s_acked;
+                continue;
+            }
+            memset(&wr, 0, sizeof wr);
+            wr.wr_id = (uintptr_t)w | WR_BEAT;
+            wr.opcode = IBV_WR_RDMA_WRITE;
+            wr.send_flags = IBV_SEND_SIGNALED;
+            wr.wr.rdma.remote_addr = w->raddr;
+            wr.wr.rdma.rkey = w->rkey;
+            if ((rc = ibv_post_send(w->qp, &wr, &bad)) != 0) {
+                weft__ib_wire_failed(w, WEFT_ETRANSPORT,
+                                     "ibv_post_send (heartbeat)", strerror(rc));
+                continue;
+            }
+            w->s_wr++;
+        }
+    }
+}
+
 /* Copies landed slots into the posted receives, in stream order, and
  * completes each receive once it holds all its bytes. Runs only inside
  * progress() (completions may run). */

@@ -68,7 +68,7 @@ static uint64_t resume_limit_ms(const ib_tp *tp)
 /* The largest QP timeout (4.096 us * 2^t per try) whose IB_RETRY_CNT + 1
  * tries fit in WEFT_WIRE_TIMEOUT_MS, never below IB_QP_TIMEOUT: a silent
  * link is then noticed within the wire timeout by a wire that has a write
- * outstanding (2000 ms: 15, 8 tries of 134 ms, 1.07 s). */
+ * outstanding (2000 ms: 15, 7 tries of 134 ms, 0.94 s). */
 uint8_t weft__ib_qp_timeout(const ib_tp *tp)
 {
     uint64_t budget_ns = (uint64_t)tp->p->cfg->wire_timeout_ms * 1000000u;

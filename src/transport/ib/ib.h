@@ -106,7 +106,7 @@
 #include <stdint.h>
 
 #define IB_MAGIC 0x42494657u /* "WFIB" */
-#define IB_VERSION 3u        /* 3: failover messages share the TCP wires */
+#define IB_VERSION 4u        /* 4: a refused queue pair (N) in failover */
 #define IB_HDR_BYTES 32
 #define IB_QP_BYTES 48
 #define IB_BYE_BYTES(wires) (1 + 4 * (wires)) /* 'B', landed per wire */
@@ -127,7 +127,9 @@ _Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES &&
  * With WEFT_WIRE_TIMEOUT_MS on, the timeout is the largest whose
  * IB_RETRY_CNT + 1 tries fit in it (weft__ib_qp_timeout), never below. */
 #define IB_QP_TIMEOUT 14
-#define IB_RETRY_CNT 7
+/* 6, not 7: rxe takes a retry_cnt of 7 as "retry for ever" (as the spec
+ * has it for rnr_retry only), so a silent link would never fail a write. */
+#define IB_RETRY_CNT 6
 #define IB_RNR_RETRY 7 /* 7: retry for ever; a receiver reposts promptly */
 #define IB_HOP_LIMIT 64
 #define BYE_WAIT_MS 1000
@@ -141,7 +143,7 @@ _Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES &&
 
 /* What a work request was, in the low bits of its wr_id (the rest is the
  * wire, which is at least 8-byte aligned). */
-enum { WR_DATA = 0, WR_CREDIT = 1, WR_RECV = 2, WR_KIND_MASK = 3 };
+enum { WR_DATA = 0, WR_CREDIT = 1, WR_RECV = 2, WR_BEAT = 3, WR_KIND_MASK = 3 };
 
 typedef struct ib_tp ib_tp;
 
@@ -189,13 +191,15 @@ typedef struct ib_wire {
      * (kept in its got field) is the count of completed slot writes that
      * completes it. */
     weft__xfer *wq_head, *wq_tail;
-    uint64_t s_posted; /* slots written */
-    uint64_t s_done;   /* slot writes completed (the local slot is free) */
-    uint64_t s_credit; /* slots the peer has consumed, as it told us */
-    uint64_t s_landed; /* slots landed at the peer, as its goodbye said */
-    int bye;           /* the goodbye of this wire's link has come */
-    int s_wr;          /* send requests outstanding, data and credit */
-    int c_wr;          /* credit messages outstanding */
+    uint64_t s_posted;  /* slots written */
+    uint64_t s_done;    /* slot writes completed (the local slot is free) */
+    uint64_t s_credit;  /* slots the peer has consumed, as it told us */
+    uint64_t s_landed;  /* slots landed at the peer, as its goodbye said */
+    int bye;            /* the goodbye of this wire's link has come */
+    int s_wr;           /* send requests outstanding, data and credit */
+    uint64_t s_acked;   /* send requests completed well, of every kind */
+    uint64_t beat_seen; /* s_acked at the last heartbeat check (data.c) */
+    int c_wr;           /* credit messages outstanding */
     /* Receive side: posted frames, oldest first. */
     weft__xfer *rq_head, *rq_tail;
     uint32_t *r_len;     /* bytes landed in each slot */
@@ -317,6 +321,9 @@ struct ib_tp {
     /* Failover (failover.c): wires to stop or in their resume, messages
      * sent (reused once sent) and received (in order, until acted on). */
     int fo_work;
+    /* Heartbeats (data.c: weft__ib_beat): the next check, and how often. */
+    uint64_t beat_ms;
+    int beat_every_ms;
     ib_retired *retired;
     ib_msg *tx_msgs;
     ib_msg *rx_head, *rx_tail;
@@ -351,6 +358,7 @@ void weft__ib_wake(weft__tp *t);
  * ops table's posting. */
 void weft__ib_wire_kick(ib_wire *w);
 void weft__ib_process_dirty(ib_tp *tp);
+void weft__ib_beat(ib_tp *tp);
 int weft__ib_post_recvs(ib_wire *w, int n);
 int weft__ib_post_send(weft__tp *t, int p, int wi, weft__xfer *x);
 int weft__ib_post_recv(weft__tp *t, int p, int wi, weft__xfer *x);

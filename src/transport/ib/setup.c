@@ -443,6 +443,18 @@ static int ib_create_guarded(ib_tp *tp)
         return rc;
     tp->setup_pending = 0;
     tp->ready = 1;
+    /* Heartbeats (data.c): a silent loss is seen within two checks and the
+     * queue pair's retries, which together fit in the wire timeout. */
+    if (tp->p->cfg->wire_timeout_ms > 0) {
+        uint64_t retries_ms = (uint64_t)4096 *
+                              ((uint64_t)1 << weft__ib_qp_timeout(tp)) *
+                              (IB_RETRY_CNT + 1) / 1000000u;
+        uint64_t wt = (uint64_t)tp->p->cfg->wire_timeout_ms;
+
+        tp->beat_every_ms =
+            wt > retries_ms + 100 ? (int)((wt - retries_ms) / 2) : 50;
+        tp->beat_ms = weft__now_ms() + (uint64_t)tp->beat_every_ms;
+    }
     return WEFT_OK;
 }
 
