@@ -87,7 +87,10 @@
  * which resumes on a new queue pair over another link where its peer has
  * other wires (failover.c); otherwise it fails the communicator with
  * WEFT_ETRANSPORT and ibv_wc_status_str() in the message, or WEFT_EPEER
- * where the peer has left. progress() polls the completion
+ * where the peer has left. A wire with nothing outstanding sends
+ * heartbeats (zero-length RDMA writes, data.c: weft__ib_beat), so that a
+ * link that drops everything silently fails its idle wires within the wire
+ * timeout too, not at their next write. progress() polls the completion
  * queues for WEFT_SPIN_US, then sleeps in poll() on the completion channels,
  * the devices' async event fds and the TCP transport's fd (which wake()
  * makes readable), never past the deadline.
