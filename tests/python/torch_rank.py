@@ -260,7 +260,8 @@ def more_ops(rank, size):
     """The operations of issue 34: reduce, gather, scatter, all_to_all (even
     and uneven), the coalesced forms, tags, receives from any source,
     bitwise reductions, bool and dtypes weft moves as bytes, non-contiguous
-    tensors, sequence numbers, each checked against what it must give."""
+    tensors, sequence numbers, sparse all_reduce, each checked against what
+    it must give."""
     n = 517
     root = size - 1
     seq0 = sequence_number()
@@ -391,6 +392,24 @@ def more_ops(rank, size):
         if rank == 0:
             expect_equal(torch.stack(outs), torch.tensor([[0.0, 0], [size - 1, size - 1]]),
                          "gather in a subgroup")
+    # sparse all_reduce (SUM): rank r holds r + 1 at rows r and r + 1 of a
+    # 2-d sparse tensor with a dense column pair; some rows meet, one rank
+    # holds nothing; a dense reference gives the sum
+    def sparse_of(r):
+        rows = [] if r == 1 else [r, r + 1]
+        i = torch.tensor([rows, [0] * len(rows)], dtype=torch.int64)
+        v = torch.full((len(rows), 2), float(r + 1))
+        return torch.sparse_coo_tensor(i, v, (size + 1, 3, 2))
+    sp = sparse_of(rank)
+    dist.all_reduce(sp)
+    want = sum(sparse_of(r).to_dense() for r in range(size))
+    expect_equal(sp.to_dense(), want, "sparse all_reduce")
+    try:
+        dist.all_reduce(sparse_of(rank), op=dist.ReduceOp.MAX)
+        raise AssertionError("sparse all_reduce by MAX did not raise")
+    except (RuntimeError, ValueError) as e:
+        if "SUM only" not in str(e):
+            raise
     # sequence numbers: every collective counted, the same on every rank
     seq = sequence_number()
     if seq <= seq0:

@@ -609,6 +609,9 @@ class ProcessGroupWeft : public WeftBase {
     c10::intrusive_ptr<c10d::Work>
     post_allreduce(c10::intrusive_ptr<WorkWeft> w, const at::Tensor &buf,
                    const Reduced &red, const char *what);
+    c10::intrusive_ptr<c10d::Work>
+    allreduce_sparse(std::vector<at::Tensor> &tensors,
+                     const c10d::AllreduceOptions &opts);
 
     weft_comm *comm_ = nullptr;
     bool uses_hostfile_ = false;
@@ -948,10 +951,120 @@ ProcessGroupWeft::post_allreduce(c10::intrusive_ptr<WorkWeft> w,
     });
 }
 
+// A sparse all_reduce (SUM), as gloo does it: every rank's coalesced
+// indices and values gathered, and summed where they meet (coalesce). The
+// counts and shapes go first (a small all_gather, waited for here), then
+// one all_gather of each rank's indices and values end to end, padded to
+// the largest count; the caller's tensor takes the result.
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupWeft::allreduce_sparse(std::vector<at::Tensor> &tensors,
+                                   const c10d::AllreduceOptions &opts)
+{
+    const at::Tensor &t = tensors[0];
+    if (!t.device().is_cpu())
+        unsupported("all_reduce: a sparse tensor on " + t.device().str() +
+                    "; weft supports CPU tensors only");
+    if (opts.reduceOp != c10d::ReduceOp::SUM)
+        unsupported("all_reduce: a sparse tensor is reduced by SUM only");
+    at::Tensor in = t.coalesce();
+    at::Tensor idx = in._indices().contiguous(); // [sparse dims, nnz]
+    at::Tensor val = in._values().contiguous();  // [nnz, dense sizes...]
+    const int64_t nnz = in._nnz(), sd = in.sparse_dim();
+    int64_t per = 1; // values per index
+    for (int64_t d = 1; d < val.dim(); d++)
+        per *= val.size(d);
+    const int64_t esz = (int64_t)val.element_size();
+    // What every rank must agree on: the shape, sparse dims, dtype.
+    uint64_t shape = 14695981039346656037ull;
+    auto mix = [&shape](uint64_t v) {
+        shape = (shape ^ v) * 1099511628211ull;
+    };
+    for (int64_t s : t.sizes())
+        mix((uint64_t)s);
+    mix((uint64_t)sd);
+    mix((uint64_t)t.scalar_type());
+    const int n = getSize();
+    std::vector<int64_t> meta = {nnz, (int64_t)shape};
+    std::vector<int64_t> all((size_t)(2 * n));
+    {
+        std::lock_guard<std::mutex> lock(post_mu_);
+        if (comm_ == nullptr)
+            throw WeftTorchError(WEFT_EABORTED, "weft: all_reduce: the "
+                                                "process group was shut down");
+        // torch's bindings call collectives without the GIL; a call from
+        // C++ that holds it lets it go while this waits.
+        int rc;
+        if (Py_IsInitialized() && PyGILState_Check()) {
+            py::gil_scoped_release nogil;
+            rc = weft_all_gather(comm_, meta.data(), all.data(), 2,
+                                 WEFT_INT64);
+        } else {
+            rc = weft_all_gather(comm_, meta.data(), all.data(), 2,
+                                 WEFT_INT64);
+        }
+        if (rc != WEFT_OK)
+            std::rethrow_exception(weft_error(rc, "weft: all_reduce (sparse)",
+                                              weft_last_error(comm_)));
+    }
+    int64_t most = 0;
+    for (int r = 0; r < n; r++) {
+        if (all[(size_t)(2 * r + 1)] != (int64_t)shape)
+            std::rethrow_exception(weft_error(
+                WEFT_EMISMATCH, "weft: all_reduce (sparse)",
+                ("rank " + std::to_string(r) +
+                 "'s sparse tensor differs from this rank's in shape, "
+                 "sparse dimensions or dtype")
+                    .c_str()));
+        most = std::max(most, all[(size_t)(2 * r)]);
+    }
+    const int64_t ib = sd * most * 8, block = std::max<int64_t>(
+                                          ib + most * per * esz, 1);
+    at::Tensor mine = at::zeros({block}, at::kByte);
+    at::Tensor rows = at::empty({n * block}, at::kByte);
+    char *m = (char *)mine.data_ptr();
+    for (int64_t d = 0; d < sd; d++)
+        std::memcpy(m + d * most * 8, (char *)idx.data_ptr() + d * nnz * 8,
+                    (size_t)(nnz * 8));
+    std::memcpy(m + ib, val.data_ptr(), (size_t)(nnz * per * esz));
+    auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLREDUCE,
+                                           tensors);
+    w->keep_.push_back(mine);
+    w->keep_.push_back(rows);
+    at::Tensor dst = t;
+    w->then([=]() mutable {
+        int64_t total = 0;
+        for (int r = 0; r < n; r++)
+            total += all[(size_t)(2 * r)];
+        std::vector<int64_t> vsizes = val.sizes().vec();
+        vsizes[0] = total;
+        at::Tensor gi = at::empty({sd, total}, idx.options());
+        at::Tensor gv = at::empty(vsizes, val.options());
+        int64_t at_ = 0;
+        for (int r = 0; r < n; r++) {
+            const char *b = (const char *)rows.data_ptr() + r * block;
+            int64_t k = all[(size_t)(2 * r)];
+            for (int64_t d = 0; d < sd; d++)
+                std::memcpy((char *)gi.data_ptr() + (d * total + at_) * 8,
+                            b + d * most * 8, (size_t)(k * 8));
+            std::memcpy((char *)gv.data_ptr() + at_ * per * esz, b + ib,
+                        (size_t)(k * per * esz));
+            at_ += k;
+        }
+        dst.copy_(at::sparse_coo_tensor(gi, gv, dst.sizes(), dst.options())
+                      .coalesce());
+    });
+    return post(w, "all_reduce (sparse)", [&](weft_request **r) {
+        return weft_iall_gather(comm_, mine.data_ptr(), rows.data_ptr(),
+                                (size_t)block, WEFT_UINT8, r);
+    });
+}
+
 c10::intrusive_ptr<c10d::Work>
 ProcessGroupWeft::allreduce(std::vector<at::Tensor> &tensors,
                             const c10d::AllreduceOptions &opts)
 {
+    if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse())
+        return allreduce_sparse(tensors, opts);
     const at::Tensor &t = only(tensors, "all_reduce");
     Reduced red = reduced(opts.reduceOp, t, "all_reduce");
     auto w = c10::make_intrusive<WorkWeft>(this, c10d::OpType::ALLREDUCE,
