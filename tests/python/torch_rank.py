@@ -21,7 +21,16 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64,
 
 
 def init(timeout_s=30):
-    dist.init_process_group("weft", timeout=datetime.timedelta(seconds=timeout_s))
+    if timeout_s >= 30:
+        dist.init_process_group("weft", timeout=datetime.timedelta(seconds=timeout_s))
+    else:
+        # A short timeout is for the collectives: the rendezvous gets 60 s
+        # (a loaded host may take seconds to start a rank's Python).
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              size, rank == 0, timeout=datetime.timedelta(seconds=60))
+        dist.init_process_group("weft", store=store, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
