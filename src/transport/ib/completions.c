@@ -289,6 +289,9 @@ static void async_events(ib_tp *tp, ib_dev *d)
                             "its port went down (IBV_EVENT_PORT_ERR: a "
                             "cable pulled, an interface down, or the "
                             "device reset)");
+            /* ... and those resuming on it, or with no link left. */
+            if (!tp->shut && tp->err == 0)
+                weft__ib_fo_port_down(tp, d);
             break;
         case IBV_EVENT_CQ_ERR:
         case IBV_EVENT_DEVICE_FATAL:

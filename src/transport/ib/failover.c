@@ -43,9 +43,13 @@
  *
  * Links: a link whose wire was lost, or whose port went down, is not
  * picked while another is there. A port that comes back up
- * (IBV_EVENT_PORT_ACTIVE) makes its links candidates again, and the
- * higher rank moves each wire that left one back to it the same way (a
- * move: the F message says so, and nothing counts as lost). The last wire
+ * (IBV_EVENT_PORT_ACTIVE) makes its links candidates again, as does, for
+ * a link lost with its port up (silently), its TCP wire running on it
+ * again a wire timeout after the loss; the higher rank moves each wire
+ * that left one back to it the same way (a move: the F message says so,
+ * and nothing counts as lost), once that link's TCP wire runs on it. A
+ * port that goes down under wires resuming on it sends them elsewhere
+ * (weft__ib_fo_port_down). The last wire
  * to a peer lost, or a wire not resumed within twice WEFT_WIRE_TIMEOUT_MS
  * and a second, is WEFT_EPEER naming the wires and why.
  */
@@ -300,6 +304,7 @@ static int stop(ib_tp *tp, ib_wire *w)
     }
     pe->lost_links |= (uint64_t)1 << w->li;
     pe->ever_lost |= (uint64_t)1 << w->li;
+    pe->links[w->li].lost_ms = weft__now_ms();
     atomic_fetch_add(&pe->lost, 1);
     weft__log(WEFT__LOG_WARN, tp->rank,
               "wire %d to peer %d (%s, device %s port %d, address %s) lost: "
@@ -582,6 +587,37 @@ int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b)
     return WEFT_OK;
 }
 
+/* A port went down (completions.c): a wire in the middle of its resume
+ * is not left waiting for the resume limit. Where no link to its peer is
+ * left, that is the peer lost (WEFT_EPEER) now; where its new queue pair
+ * is on that port, it goes elsewhere as from a refusal (N), the higher
+ * rank waiting for C or the lower for A (a stopped lower rank waits for
+ * the higher rank's pick). */
+void weft__ib_fo_port_down(ib_tp *tp, const ib_dev *d)
+{
+    for (int p = 0; p < tp->nranks && tp->err == 0 && !tp->shut; p++)
+        for (int i = 0; i < tp->peers[p].nwires && tp->err == 0; i++) {
+            ib_wire *w = &tp->peers[p].w[i];
+            int hi = tp->rank > p;
+
+            if (w->fo == FO_UP || w->fo == FO_STOPPING)
+                continue;
+            if (pick_link(tp, w) < 0) {
+                all_lost(tp, w);
+                return;
+            }
+            if (w->dev == d && w->fo == (hi ? FO_WAIT_C : FO_WAIT_A) &&
+                send_msg(tp, w, M_N, w->epoch - 1) == 0) {
+                weft__log(WEFT__LOG_WARN, tp->rank,
+                          "wire %d to peer %d: the port of link %d went "
+                          "down while it resumed there; trying another "
+                          "link",
+                          w->w, p, w->li);
+                refused(tp, w);
+            }
+        }
+}
+
 /* Stops the wires that failed, acts on the messages whose turn has come,
  * and fails a wire not resumed in time. Inside progress(). */
 void weft__ib_fo_run(ib_tp *tp)
@@ -590,7 +626,10 @@ void weft__ib_fo_run(ib_tp *tp)
     int moved = 1, busy = 0, acted = 0;
 
     /* A link that refused a new queue pair may be picked again after a
-     * wire timeout (wires move back to it). */
+     * wire timeout (wires move back to it); so may one that lost a wire
+     * with its port up (a link that dropped everything silently) once its
+     * TCP wire runs on it again, a wire timeout after the loss at least
+     * (that TCP wire notices a dead link within it). */
     for (int p = 0; p < tp->nranks; p++) {
         ib_peer *pe = &tp->peers[p];
         if (pe->refused_links != 0 &&
@@ -598,6 +637,13 @@ void weft__ib_fo_run(ib_tp *tp)
             pe->lost_links &= ~pe->refused_links;
             pe->refused_links = 0;
         }
+        for (int li = 0; li < pe->nlinks; li++)
+            if (((pe->lost_links & ~pe->refused_links) >> li) & 1 &&
+                !pe->links[li].dev->down &&
+                now - pe->links[li].lost_ms >=
+                    (uint64_t)tp->p->cfg->wire_timeout_ms &&
+                home_answers(tp, pe, li))
+                pe->lost_links &= ~((uint64_t)1 << li);
     }
     while (moved && tp->err == 0 && !tp->shut) {
         moved = 0;
@@ -653,7 +699,8 @@ void weft__ib_fo_run(ib_tp *tp)
             }
         }
     for (int p = 0; p < tp->nranks; p++)
-        busy |= tp->peers[p].refused_links != 0;
+        busy |= tp->peers[p].refused_links != 0 || /* come back */
+                tp->peers[p].lost_links != 0;
     tp->fo_work = busy || tp->rx_head != NULL;
     if (acted) {
         tp->events++;

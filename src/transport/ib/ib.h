@@ -254,6 +254,7 @@ typedef struct ib_link {
     int gid_index;
     union ibv_gid gid;
     char addr[64];
+    uint64_t lost_ms; /* when a wire on it was last lost (failover.c) */
 } ib_link;
 
 typedef struct {
@@ -392,6 +393,7 @@ int weft__ib_tcp_frame(ib_tp *tp, ib_link *lk, int recv, weft__xfer *x,
  * queue pair and rings made on a device (setup.c and failover.c). */
 int weft__ib_can_fail_over(const ib_wire *w);
 void weft__ib_fo_run(ib_tp *tp);
+void weft__ib_fo_port_down(ib_tp *tp, const ib_dev *d);
 int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b);
 int weft__ib_fo_wait_ms(const ib_tp *tp);
 uint8_t weft__ib_qp_timeout(const ib_tp *tp);
