@@ -480,14 +480,17 @@ static conn *wire_conn(tcp_tp *tp, int p, int w)
     return tp->peers[p].s[w].c;
 }
 
-/* The connection a frame is posted on, or the error that refuses it. */
+/* The connection a frame is posted on, or the error that refuses it. A
+ * connection handing its wire over to a new one (resume.c: closing, with
+ * a successor) takes it: what it holds moves to the new one once it has
+ * closed (weft__tcp_resume_finish), as while it was paused. */
 static int post_target(tcp_tp *tp, int p, int w, conn **out)
 {
     conn *k = wire_conn(tp, p, w);
 
     if (tp->err != 0)
         return tp->err;
-    if (k == NULL || k->closing)
+    if (k == NULL || (k->closing && k->successor == NULL))
         return weft__tp_no_wire(tp->sink, tp->rank, p, w);
     *out = k;
     return WEFT_OK;
