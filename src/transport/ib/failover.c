@@ -263,6 +263,19 @@ static int retire(ib_tp *tp, struct ibv_qp *qp, struct ibv_mr *smr,
     return WEFT_OK;
 }
 
+/* Retires w's queue pair (its later completions are told apart and
+ * ignored): the wire starts its next epoch with none. */
+static int retire_qp(ib_tp *tp, ib_wire *w)
+{
+    if (w->qp != NULL && retire(tp, w->qp, NULL, NULL) != 0)
+        return tp->err;
+    w->qp = NULL;
+    w->qpn = 0;
+    w->s_wr = w->c_wr = w->r_wr = 0;
+    w->epoch++;
+    return WEFT_OK;
+}
+
 /* Stops this end of a wire: nothing more lands, what landed is counted,
  * and its queue pair is retired. */
 static int stop(ib_tp *tp, ib_wire *w)
@@ -286,12 +299,8 @@ static int stop(ib_tp *tp, ib_wire *w)
         return tp->err;
     w->rep_landed = (uint32_t)w->r_landed;
     w->rep_consumed = (uint32_t)w->r_consumed;
-    if (w->qp != NULL && retire(tp, w->qp, NULL, NULL) != 0)
+    if (retire_qp(tp, w) != 0)
         return tp->err;
-    w->qp = NULL;
-    w->qpn = 0;
-    w->s_wr = w->c_wr = w->r_wr = 0;
-    w->epoch++;
     w->fo_ms = weft__now_ms();
     if (w->moving) {
         weft__log(WEFT__LOG_WARN, tp->rank,
@@ -366,6 +375,15 @@ static int connect_to(ib_tp *tp, ib_wire *w, const uint8_t *e)
     return 1;
 }
 
+/* The higher rank's offer of link li: its new queue pair there (F). */
+static int offer(ib_tp *tp, ib_wire *w, int li)
+{
+    if (move_to(tp, w, li) != 0)
+        return tp->err;
+    w->fo = FO_WAIT_C;
+    return send_msg(tp, w, M_F, w->epoch - 1);
+}
+
 /* The new queue pair of w (epoch E) could not be connected on its link,
  * at one end or the other: it is retired, the link is taken as lost for a
  * wire timeout (fo_run takes it back then), and the higher rank picks
@@ -375,12 +393,8 @@ static int refused(ib_tp *tp, ib_wire *w)
     ib_peer *pe = &tp->peers[w->peer];
     int li;
 
-    if (w->qp != NULL && retire(tp, w->qp, NULL, NULL) != 0)
+    if (retire_qp(tp, w) != 0)
         return tp->err;
-    w->qp = NULL;
-    w->qpn = 0;
-    w->s_wr = w->c_wr = w->r_wr = 0;
-    w->epoch++;
     pe->lost_links |= (uint64_t)1 << w->li;
     pe->refused_links |= (uint64_t)1 << w->li;
     pe->refused_ms = weft__now_ms();
@@ -394,10 +408,7 @@ static int refused(ib_tp *tp, ib_wire *w)
         all_lost(tp, w);
         return tp->err;
     }
-    if (move_to(tp, w, li) != 0)
-        return tp->err;
-    w->fo = FO_WAIT_C;
-    return send_msg(tp, w, M_F, w->epoch - 1);
+    return offer(tp, w, li);
 }
 
 /* After a stop: the higher rank picks the link and makes its queue pair
@@ -418,10 +429,7 @@ static int stop_and_go(ib_tp *tp, ib_wire *w, int noticed)
         w->fo = FO_STOPPED;
         return noticed ? send_msg(tp, w, M_S, w->epoch - 1) : WEFT_OK;
     }
-    if (move_to(tp, w, li) != 0)
-        return tp->err;
-    w->fo = FO_WAIT_C;
-    return send_msg(tp, w, M_F, w->epoch - 1);
+    return offer(tp, w, li);
 }
 
 /* Goes on from the peer's counts: the slots it did not count are written
