@@ -96,6 +96,26 @@ void stop_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
     out_check_done(job);
 }
 
+/* "rank 1 (pid 123), rank 3 (host b, pid 456)": the ranks still running,
+ * so that a job stopped from outside (a timeout) says which hung. */
+static const char *stop_running_list(const struct job *job)
+{
+    static char buf[1024];
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (int i = 0; i < job->opts->nranks && len + 64 < sizeof buf; i++) {
+        const struct rank *r = &job->ranks[i];
+
+        if (!r->started || r->exited)
+            continue;
+        len += (size_t)snprintf(buf + len, sizeof buf - len,
+                                "%srank %d (%spid %d)", len ? ", " : "",
+                                r->index, stop_host_label(r), r->pid);
+    }
+    return buf;
+}
+
 static void stop_signal_cb(uv_signal_t *h, int signum)
 {
     struct job *job = h->data;
@@ -108,9 +128,9 @@ static void stop_signal_cb(uv_signal_t *h, int signum)
         return;
     }
     if (job->phase == STOP_NONE) {
-        msg("received %s; forwarding it to %d running rank%s",
+        msg("received %s; forwarding it to %d running rank%s: %s",
             stop_signal_name(signum), job->nrunning,
-            stop_plural(job->nrunning));
+            stop_plural(job->nrunning), stop_running_list(job));
         stop_set_exit(job, 128 + signum);
         stop_ranks(job, signum);
     } else if (job->phase != STOP_KILL_NOW) {
