@@ -129,8 +129,8 @@ static void stop_signal_cb(uv_signal_t *h, int signum)
     }
     if (job->phase == STOP_NONE) {
         msg("received %s; forwarding it to %d running rank%s: %s",
-            stop_signal_name(signum), job->nrunning,
-            stop_plural(job->nrunning), stop_running_list(job));
+            stop_signal_name(signum), job->nrunning, stop_plural(job->nrunning),
+            stop_running_list(job));
         stop_set_exit(job, 128 + signum);
         stop_ranks(job, signum);
     } else if (job->phase != STOP_KILL_NOW) {
