@@ -28,6 +28,7 @@ static conn *conn_new(tcp_tp *tp)
     k->tp = tp;
     k->peer = -1;
     k->wire = -1;
+    k->via_link = -1;
     if (uv_tcp_init(&tp->loop, &k->h) != 0) {
         free(k);
         return NULL;

@@ -23,8 +23,9 @@
  *
  * The wire keeps its place in every plan (the engine never learns of
  * it): its bytes now travel over the surviving link. Once a second the
- * dialling side tries the wire's own link again, and where it answers the
- * wire moves back the same way (a move: nothing was lost). A wire that is
+ * dialling side tries the wire's own link again (for a relay connection,
+ * its neighbour's first wire's), and where it answers the wire moves
+ * back the same way (a move: nothing was lost). A wire that is
  * not resumed in time (twice the wire timeout, or the timeout and 2 s,
  * the longer, and 2 s) fails, WEFT_EPEER, as does the loss of the
  * last wire to a peer, and a resume the peer refuses (it is gone).
@@ -57,6 +58,23 @@ int weft__tcp_link_lost(int uverr)
     default:
         return 0;
     }
+}
+
+/* The link slot s of peer p runs on when nothing failed: its own, or for
+ * the relay connection, the link of the neighbour's first wire, whose
+ * path it takes (setup.c). */
+static int home_link(const tcp_tp *tp, int p, const slot *s)
+{
+    return s->relay ? (int)tp->peers[p].s[0].link : (int)s->link;
+}
+
+/* Stops k's reads, so that its read position is final: a data wire reads
+ * only while a receive waits (k->reading), a relay connection always. */
+static void stop_reading(conn *k)
+{
+    if (k->reading || k->tp->peers[k->peer].s[k->wire].relay)
+        uv_read_stop((uv_stream_t *)&k->h);
+    k->reading = 0;
 }
 
 /* Whether some other wire to k's peer is up and not paused. */
@@ -113,10 +131,7 @@ int weft__tcp_pause(conn *k, int uverr)
     k->pause_err = uverr;
     k->pause_ms = weft__now_ms();
     weft__tcp_wire_lost(k, uverr);
-    if (k->reading) {
-        uv_read_stop((uv_stream_t *)&k->h);
-        k->reading = 0;
-    }
+    stop_reading(k);
     weft__log(WEFT__LOG_WARN, tp->rank,
               "wire %d to peer %d: resuming it on a new connection over "
               "the links left",
@@ -136,10 +151,7 @@ int weft__tcp_pause_to_move(conn *k)
     k->moving = 1;
     k->pause_err = 0;
     k->pause_ms = weft__now_ms();
-    if (k->reading) {
-        uv_read_stop((uv_stream_t *)&k->h);
-        k->reading = 0;
-    }
+    stop_reading(k);
     weft__tcp_housekeep_start(tp);
     return 1;
 }
@@ -292,8 +304,6 @@ void weft__tcp_resume_finish(conn *old)
     nk->ret_size = old->ret_size;
     old->ret = NULL;
     nk->resumable = 1;
-    if (s->relay)
-        nk->via_link = -1; /* a relay connection stays where it is */
     nk->state = CONN_UP;
     /* A relay connection's chunk in the middle of its reading. */
     memcpy(nk->rhdr, old->rhdr, sizeof nk->rhdr);
@@ -312,9 +322,9 @@ void weft__tcp_resume_finish(conn *old)
     if (!old->moving)
         atomic_fetch_add(&tp->peers[nk->peer].back, 1);
     weft__log(WEFT__LOG_WARN, tp->rank,
-              "wire %d to peer %d %s on a new connection (%s) after %llu "
+              "%swire %d to peer %d %s on a new connection (%s) after %llu "
               "ms; %llu bytes sent again",
-              nk->wire, nk->peer,
+              s->relay ? "relay " : "", nk->wire, nk->peer,
               old->moving ? "moved back to its own link" : "resumed", nk->name,
               (unsigned long long)ms,
               (unsigned long long)(nk->tx_pos - nk->resume_pos));
@@ -350,8 +360,8 @@ static void start_resume(tcp_tp *tp, int p, int w)
 
         /* A wire that runs on its own link (not one resumed elsewhere,
          * whose link may be the dead one) shows that link alive. */
-        if (o->outgoing && o->link != s->link && u != w && o->c != NULL &&
-            o->c->state == CONN_UP && !o->c->paused &&
+        if (o->outgoing && (int)o->link != home_link(tp, p, s) && u != w &&
+            o->c != NULL && o->c->state == CONN_UP && !o->c->paused &&
             o->c->via_link == (int)o->link &&
             (via == s || o->c->rx_ms > heard)) {
             via = o;
@@ -379,7 +389,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
 
             if (k != NULL && !k->paused && k->successor == NULL &&
                 s->outgoing && k->resumable && k->via_link >= 0 &&
-                k->via_link != (int)s->link) {
+                k->via_link != home_link(tp, p, s)) {
                 /* Resumed over another link: try its own again, once a
                  * second; the wire moves back if it answers. */
                 busy = 1;
@@ -392,7 +402,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
                     s->next_move_ms = now + 1000;
                     weft__tcp_dial(tp, p, w, s->addr, s->port, 2);
                     if (s->resuming != NULL)
-                        s->resuming->via_link = (int)s->link;
+                        s->resuming->via_link = home_link(tp, p, s);
                 }
                 continue;
             }
@@ -450,9 +460,7 @@ int weft__tcp_resume_init(tcp_tp *tp)
                 continue;
             k->resumable = 1;
             k->ret_size = ret;
-            k->via_link = s->relay           ? -1
-                          : s->alt_link >= 0 ? s->alt_link
-                                             : (int)s->link;
+            k->via_link = s->alt_link >= 0 ? s->alt_link : home_link(tp, p, s);
         }
     return 0;
 }
