@@ -264,8 +264,12 @@ static void async_events(ib_tp *tp, ib_dev *d)
                 d->down = 0;
                 for (int p = 0; p < tp->nranks; p++)
                     for (int li = 0; li < tp->peers[p].nlinks; li++)
-                        if (tp->peers[p].links[li].dev == d)
+                        if (tp->peers[p].links[li].dev == d) {
                             tp->peers[p].lost_links &= ~((uint64_t)1 << li);
+                            /* Down as the job started: its GID now. */
+                            if (tp->peers[p].links[li].gid_index < 0)
+                                weft__ib_link_gid(tp, &tp->peers[p].links[li]);
+                        }
                 tp->fo_work = 1; /* wires may move back (failover.c) */
                 weft__log(WEFT__LOG_WARN, tp->rank,
                           "RDMA device %s port %d is active again", d->name,

@@ -65,7 +65,7 @@ static const char *port_state_name(enum ibv_port_state s)
 /* The open device port `name`:`port`, opened on first use. `what` says
  * where the name came from, for messages. */
 static int dev_get(ib_tp *tp, const char *name, int port, const char *what,
-                   ib_dev **out)
+                   int may_be_down, ib_dev **out)
 {
     struct ibv_device *found = NULL;
     ib_dev *d;
@@ -112,12 +112,22 @@ static int dev_get(ib_tp *tp, const char *name, int port, const char *what,
         return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                           "rank %d: ibv_query_port(%s, %d): %s", tp->rank, name,
                           port, strerror(rc));
-    if (d->pattr.state != IBV_PORT_ACTIVE)
-        return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
-                          "rank %d: port %d of RDMA device %s is %s, "
-                          "not ACTIVE",
-                          tp->rank, port, name,
-                          port_state_name(d->pattr.state));
+    if (d->pattr.state != IBV_PORT_ACTIVE) {
+        if (!may_be_down || tp->p->cfg->wire_timeout_ms <= 0)
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: port %d of RDMA device %s is %s, "
+                              "not ACTIVE",
+                              tp->rank, port, name,
+                              port_state_name(d->pattr.state));
+        /* A link's port down as the job starts (a cable out): its wires
+         * start on another link, and move to it once it is up
+         * (weft__ib_exchange, failover.c). */
+        d->down = 1;
+        weft__log(WEFT__LOG_WARN, tp->rank,
+                  "port %d of RDMA device %s is %s: its links' wires start "
+                  "on the others and move to it once it is active",
+                  port, name, port_state_name(d->pattr.state));
+    }
     *out = d;
     return WEFT_OK;
 }
@@ -216,7 +226,9 @@ static int gid_choose(ib_tp *tp, ib_wire *w, const char *addr)
     }
     w->gid_index =
         gid_find_v4(d->ctx, d->port, d->pattr.gid_tbl_len, addr, &w->gid);
-    if (w->gid_index >= 0)
+    /* A port that is down may have no GID for its address until it is up
+     * (weft__ib_link_gid then). */
+    if (w->gid_index >= 0 || d->down)
         return WEFT_OK;
     list_v4_gids(d, have, sizeof have);
     if (addr == NULL)
@@ -325,7 +337,8 @@ int weft__ib_wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
         snprintf(name, sizeof name, "%s", ibv_get_device_name(tp->devlist[0]));
         snprintf(what, sizeof what, "the first device found");
     }
-    if ((rc = dev_get(tp, name, port, what, &w->dev)) != 0)
+    if ((rc = dev_get(tp, name, port, what, link != WEFT__LINK_LOOPBACK,
+                      &w->dev)) != 0)
         return rc;
     snprintf(w->addr, sizeof w->addr, "%s", addr != NULL ? addr : "-");
     if ((rc = gid_choose(tp, w, addr)) != 0)
@@ -334,6 +347,24 @@ int weft__ib_wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
               "wire %d to peer %d: device %s port %d, GID index %d (%s)", w->w,
               w->peer, w->dev->name, w->dev->port, w->gid_index, w->addr);
     return WEFT_OK;
+}
+
+int weft__ib_link_gid(ib_tp *tp, ib_link *lk)
+{
+    ib_dev *d = lk->dev;
+    struct ibv_port_attr pa;
+
+    if (ibv_query_port(d->ctx, (uint8_t)d->port, &pa) == 0)
+        d->pattr = pa;
+    if (d->pattr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
+        lk->gid_index = 0;
+        return ibv_query_gid(d->ctx, (uint8_t)d->port, 0, &lk->gid) == 0 ? 0
+                                                                         : -1;
+    }
+    (void)tp;
+    lk->gid_index = gid_find_v4(d->ctx, d->port, d->pattr.gid_tbl_len,
+                                lk->addr[0] != '-' ? lk->addr : NULL, &lk->gid);
+    return lk->gid_index >= 0 ? 0 : -1;
 }
 
 /* ---- budgets and shared resources ---- */

@@ -17,6 +17,10 @@
 void weft__ib_pack_qp(const ib_wire *w, uint8_t *e)
 {
     memset(e, 0, IB_QP_BYTES);
+    /* No queue pair (its port is down): queue pair number 0, which no RC
+     * queue pair has, says so. */
+    if (w->qp == NULL)
+        return;
     weft__put_be32(e, w->qp->qp_num);
     weft__put_be32(e + 4, w->psn);
     weft__put_be32(e + 8, w->dev->pattr.lid);
@@ -274,11 +278,16 @@ int weft__ib_exchange(ib_tp *tp, uint64_t deadline)
     {
         for (int k = 0; k < tp->wires; k++) {
             ib_wire *w = &pe->w[lk->twire * tp->wires + k];
+            const uint8_t *e = lk->in + IB_HDR_BYTES + k * IB_QP_BYTES;
             char why[WEFT__ERRMSG_LEN];
 
-            rc = weft__ib_wire_connect(tp, w,
-                                       lk->in + IB_HDR_BYTES + k * IB_QP_BYTES,
-                                       why, sizeof why);
+            /* The link's port is down at one end or the other: the wire
+             * starts on another link (weft__ib_fo_start). */
+            if (w->qp == NULL || weft__get_be32(e) == 0) {
+                w->init_down = 1;
+                continue;
+            }
+            rc = weft__ib_wire_connect(tp, w, e, why, sizeof why);
             if (rc != 0)
                 return weft__fail(tp->p->sink, rc, "%s", why);
         }

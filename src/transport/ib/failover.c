@@ -97,7 +97,8 @@ int weft__ib_can_fail_over(const ib_wire *w)
 
 static int link_ok(const ib_peer *pe, int li)
 {
-    return !pe->links[li].dev->down && !((pe->lost_links >> li) & 1);
+    return !pe->links[li].dev->down && !((pe->lost_links >> li) & 1) &&
+           pe->links[li].gid_index >= 0;
 }
 
 /* A link to pick for a wire that leaves its link: the one it was made on
@@ -626,6 +627,53 @@ void weft__ib_fo_port_down(ib_tp *tp, const ib_dev *d)
         }
 }
 
+int weft__ib_fo_start(ib_tp *tp)
+{
+    for (int p = 0; p < tp->nranks && tp->err == 0; p++) {
+        ib_peer *pe = &tp->peers[p];
+        char list[WEFT__ERRMSG_LEN / 2];
+        size_t n = 0;
+        int up = 0, down = 0;
+
+        list[0] = '\0';
+        for (int li = 0; li < pe->nlinks; li++) {
+            const ib_link *lk = &pe->links[li];
+
+            if (!pe->w[li * tp->wires].init_down) {
+                up++;
+                continue;
+            }
+            down++;
+            if (n + 2 < sizeof list)
+                n +=
+                    (size_t)snprintf(list + n, sizeof list - n,
+                                     "%slink %u (%s)", n ? ", " : "", lk->link,
+                                     lk->dev->down ? "this end's port is down"
+                                                   : "the peer's port is down");
+        }
+        if (down == 0)
+            continue;
+        if (up == 0)
+            return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
+                              "rank %d: no link to peer %d is up as the job "
+                              "starts: %s",
+                              tp->rank, p, list);
+        for (int i = 0; i < pe->nwires && tp->err == 0; i++) {
+            ib_wire *w = &pe->w[i];
+            const ib_link *lk = &pe->links[w->li];
+
+            if (!w->init_down)
+                continue;
+            snprintf(w->why, sizeof w->why,
+                     "its link's port was down as the job started (%s)",
+                     lk->dev->down ? "this end's" : "the peer's");
+            stop_and_go(tp, w, 1);
+        }
+    }
+    tp->fo_work = 1;
+    return tp->err;
+}
+
 /* Stops the wires that failed, acts on the messages whose turn has come,
  * and fails a wire not resumed in time. Inside progress(). */
 void weft__ib_fo_run(ib_tp *tp)
@@ -645,13 +693,20 @@ void weft__ib_fo_run(ib_tp *tp)
             pe->lost_links &= ~pe->refused_links;
             pe->refused_links = 0;
         }
-        for (int li = 0; li < pe->nlinks; li++)
+        for (int li = 0; li < pe->nlinks; li++) {
+            ib_link *lk = &pe->links[li];
+
+            /* A port down as the job started may have had no GID for the
+             * link's address; it may once the port is up. */
+            if (lk->gid_index < 0 && !lk->dev->down)
+                weft__ib_link_gid(tp, lk);
             if (((pe->lost_links & ~pe->refused_links) >> li) & 1 &&
                 !pe->links[li].dev->down &&
                 now - pe->links[li].lost_ms >=
                     (uint64_t)tp->p->cfg->wire_timeout_ms &&
                 home_answers(tp, pe, li))
                 pe->lost_links &= ~((uint64_t)1 << li);
+        }
     }
     while (moved && tp->err == 0 && !tp->shut) {
         moved = 0;
@@ -706,9 +761,12 @@ void weft__ib_fo_run(ib_tp *tp)
                 return;
             }
         }
-    for (int p = 0; p < tp->nranks; p++)
+    for (int p = 0; p < tp->nranks; p++) {
         busy |= tp->peers[p].refused_links != 0 || /* come back */
                 tp->peers[p].lost_links != 0;
+        for (int li = 0; li < tp->peers[p].nlinks; li++)
+            busy |= tp->peers[p].links[li].gid_index < 0; /* no GID yet */
+    }
     tp->fo_work = busy || tp->rx_head != NULL;
     if (acted) {
         tp->events++;

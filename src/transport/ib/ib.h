@@ -109,7 +109,7 @@
 #include <stdint.h>
 
 #define IB_MAGIC 0x42494657u /* "WFIB" */
-#define IB_VERSION 4u        /* 4: a refused queue pair (N) in failover */
+#define IB_VERSION 5u        /* 4: a refused queue pair (N) in failover */
 #define IB_HDR_BYTES 32
 #define IB_QP_BYTES 48
 #define IB_BYE_BYTES(wires) (1 + 4 * (wires)) /* 'B', landed per wire */
@@ -221,6 +221,8 @@ typedef struct ib_wire {
     uint32_t qpn;
     int fo;
     int need_stop; /* failed while up: failover.c stops it */
+    int init_down; /* its link's port was down at one end as the job
+                      started: it starts on another link (failover.c) */
     uint32_t epoch;
     int li;              /* the peer's link (index in ib_peer.links) it uses */
     int home_li;         /* the link it was made on */
@@ -398,5 +400,12 @@ int weft__ib_fo_message(ib_tp *tp, int peer, const uint8_t *b);
 int weft__ib_fo_wait_ms(const ib_tp *tp);
 uint8_t weft__ib_qp_timeout(const ib_tp *tp);
 void weft__ib_fo_free(ib_tp *tp);
+/* The wires whose link's port was down at one end at set-up
+ * (init_down): each starts on another link, as after a loss, and moves
+ * to its own once that is up. */
+int weft__ib_fo_start(ib_tp *tp);
+/* Reads again lk's device port and the GID of lk's address there (a port
+ * that was down may have had none): 0, or -1 where it has none yet. */
+int weft__ib_link_gid(ib_tp *tp, ib_link *lk);
 
 #endif

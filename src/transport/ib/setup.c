@@ -209,6 +209,10 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
     w->s_len = calloc((size_t)tp->slots, sizeof *w->s_len);
     if (w->r_len == NULL || w->s_len == NULL)
         return WEFT_ENOMEM;
+    /* A port down: the wire's queue pair is made where it starts, on
+     * another link (weft__ib_exchange). */
+    if (w->dev->down)
+        return WEFT_OK;
     return weft__ib_qp_make(tp, w, w->dev);
 }
 
@@ -443,6 +447,8 @@ static int ib_create_guarded(ib_tp *tp)
         return rc;
     tp->setup_pending = 0;
     tp->ready = 1;
+    if ((rc = weft__ib_fo_start(tp)) != 0)
+        return rc;
     /* Heartbeats (data.c): a silent loss is seen within two checks and the
      * queue pair's retries, which together fit in the wire timeout. */
     if (tp->p->cfg->wire_timeout_ms > 0) {
