@@ -7,7 +7,9 @@
  *   reinit: weft_finalize, then weft_init_config with the survivors'
  *           hostfile (the job's, less the last rank) and the same token,
  * and rank 0 prints "MODE NRANKS MS", the slowest survivor's time.
- * Runs under weftrun --keep-going (weftrun's one-host hostfile).
+ * Runs under weftrun --keep-going: weftrun's one-host hostfile, or a
+ * --hostfile job across hosts with SHRINK_SURVIVORS naming the
+ * survivors' hostfile (bench/shrink --hosts).
  *
  *   shrink-rank shrink|reinit
  */
@@ -57,14 +59,35 @@ static int read_ports(const char *path, int *ports, int max)
     return n;
 }
 
-/* A communicator of the survivors by a new weft_init_config. */
+/* A communicator of the survivors by a new weft_init_config: from the
+ * hostfile SHRINK_SURVIVORS names (bench/shrink --hosts writes it), else
+ * from weftrun's one-host hostfile less the last rank. */
 static int reinit(int rank, int n, weft_comm **out)
 {
-    char text[8192];
-    int ports[1024], np = read_ports(getenv("WEFT_HOSTFILE"), ports, 1024);
+    static char text[1 << 16];
+    const char *surv = getenv("SHRINK_SURVIVORS");
+    int ports[1024], np = 0;
     size_t at;
     weft_config cfg;
 
+    memset(&cfg, 0, sizeof cfg);
+    cfg.rank = rank;
+    cfg.size = n;
+    cfg.hostfile_text = text;
+    if (surv != NULL) {
+        FILE *f = fopen(surv, "r");
+        size_t len;
+
+        if (f == NULL) {
+            fprintf(stderr, "shrink-rank: cannot read %s\n", surv);
+            return -1;
+        }
+        len = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[len] = '\0';
+        return weft_init_config(out, &cfg);
+    }
+    np = read_ports(getenv("WEFT_HOSTFILE"), ports, 1024);
     if (np != n + 1) {
         fprintf(stderr, "shrink-rank: cannot read the ports of %s\n",
                 getenv("WEFT_HOSTFILE"));
@@ -78,10 +101,6 @@ static int reinit(int rank, int n, weft_comm **out)
         at += (size_t)snprintf(text + at, sizeof text - at, "%s%d",
                                i ? ", " : "", ports[i]);
     snprintf(text + at, sizeof text - at, "]}]}");
-    memset(&cfg, 0, sizeof cfg);
-    cfg.rank = rank;
-    cfg.size = n;
-    cfg.hostfile_text = text;
     return weft_init_config(out, &cfg);
 }
 
