@@ -247,6 +247,8 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             tp->rank, k->wire, k->peer);
         return;
     }
+    if (nread == UV_EOF)
+        nread = weft__tcp_eof_cause(k);
     /* A link lost under a wire with others to the peer: resumed. */
     if (weft__tcp_pause(k, (int)nread))
         return;

@@ -298,6 +298,8 @@ void weft__tcp_relay_read_cb(uv_stream_t *st, ssize_t nread,
     if (nread < 0) {
         uv_read_stop(st);
         k->reading = 0;
+        if (nread == UV_EOF)
+            nread = weft__tcp_eof_cause(k);
         if (weft__tcp_pause(k, (int)nread))
             return; /* resumed on a new connection (resume.c) */
         k->rx_end = (int)nread;

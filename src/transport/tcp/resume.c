@@ -34,6 +34,8 @@
 
 #include "base/bytes.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,21 @@ static void stop_reading(conn *k)
     if (k->reading || k->tp->peers[k->peer].s[k->wire].relay)
         uv_read_stop((uv_stream_t *)&k->h);
     k->reading = 0;
+}
+
+int weft__tcp_eof_cause(conn *k)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    uv_os_fd_t fd;
+
+    /* A peer's close leaves this end in CLOSE_WAIT; an abort (timeout,
+     * reset) in CLOSE. */
+    if (uv_fileno((uv_handle_t *)&k->h, &fd) == 0 &&
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+        ti.tcpi_state == TCP_CLOSE)
+        return UV_ETIMEDOUT;
+    return UV_EOF;
 }
 
 /* Whether some other wire to k's peer is up and not paused. */

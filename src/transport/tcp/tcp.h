@@ -368,6 +368,12 @@ void weft__tcp_wire_lost(conn *k, int uverr);
 /* Whether libuv's uverr on a connection says its link is lost (not that
  * the peer closed or died): a resumable wire is then paused. */
 int weft__tcp_link_lost(int uverr);
+/* What a read's end of stream (UV_EOF) on k means: UV_EOF where the peer
+ * closed its end (the connection waits for this end's close), or
+ * UV_ETIMEDOUT where the kernel gave the connection up (no answer within
+ * the user timeout) and a write on another thread, or libuv's, took the
+ * error first: reads then find only the end. */
+int weft__tcp_eof_cause(conn *k);
 /* Pauses k (uverr: why): its posted transfers wait for a new connection
  * to take over. Returns 1 if k is paused (or was), 0 if it cannot be
  * resumed (the caller fails as before). */
