@@ -34,12 +34,17 @@
 
 #include "base/bytes.h"
 
+#include <ifaddrs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 int weft__tcp_link_lost(int uverr)
 {
@@ -85,13 +90,16 @@ int weft__tcp_eof_cause(conn *k)
     socklen_t len = sizeof ti;
     uv_os_fd_t fd;
 
-    /* A peer's close leaves this end in CLOSE_WAIT; an abort (timeout,
-     * reset) in CLOSE. */
-    if (uv_fileno((uv_handle_t *)&k->h, &fd) == 0 &&
-        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
-        ti.tcpi_state == TCP_CLOSE)
-        return UV_ETIMEDOUT;
-    return UV_EOF;
+    /* A peer's close leaves this end in CLOSE_WAIT; an abort in CLOSE:
+     * the kernel's timeout (after retransmissions or keepalive probes
+     * that went unanswered), else a reset. */
+    if (uv_fileno((uv_handle_t *)&k->h, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        ti.tcpi_state != TCP_CLOSE)
+        return UV_EOF;
+    return ti.tcpi_retransmits > 0 || ti.tcpi_probes > 0 || ti.tcpi_backoff > 0
+               ? UV_ETIMEDOUT
+               : UV_ECONNRESET;
 }
 
 /* Whether some other wire to k's peer is up and not paused. */
@@ -448,8 +456,123 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
     return busy;
 }
 
+/* ---- interfaces that go down ----
+ *
+ * A link set down, or whose carrier is lost (a cable pulled), tells the
+ * kernel at once, but TCP only at its user timeout (the wire timeout).
+ * The kernel's routing messages say it first: a wire whose connection
+ * runs from an address of an interface that went down (IFF_UP or
+ * IFF_RUNNING cleared, or the interface removed) is paused then, as if
+ * its connection had failed (ENETDOWN), and resumes over the links
+ * left; where none is left, the peer is lost at once. */
+
+/* Whether k's connection runs from one of the n addresses at a. */
+static int conn_from(const conn *k, const struct in_addr *a, int n)
+{
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    uv_os_fd_t fd;
+
+    if (uv_fileno((const uv_handle_t *)&k->h, &fd) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0 ||
+        sa.sin_family != AF_INET)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (sa.sin_addr.s_addr == a[i].s_addr)
+            return 1;
+    return 0;
+}
+
+/* Interface ifindex went down: its connections' wires are paused. */
+static void iface_down(tcp_tp *tp, int ifindex)
+{
+    struct in_addr addrs[16];
+    struct ifaddrs *ifa = NULL;
+    char name[IF_NAMESIZE];
+    int n = 0;
+
+    if (if_indextoname((unsigned)ifindex, name) == NULL ||
+        getifaddrs(&ifa) != 0)
+        return;
+    for (const struct ifaddrs *i = ifa; i != NULL && n < 16; i = i->ifa_next)
+        if (i->ifa_addr != NULL && i->ifa_addr->sa_family == AF_INET &&
+            strcmp(i->ifa_name, name) == 0)
+            addrs[n++] = ((const struct sockaddr_in *)i->ifa_addr)->sin_addr;
+    freeifaddrs(ifa);
+    for (int p = 0; p < tp->nranks && n > 0 && tp->err == 0 && !tp->shut; p++)
+        for (int w = 0; w < tp->peers[p].nslots && tp->err == 0; w++) {
+            conn *k = tp->peers[p].s[w].c;
+
+            if (k != NULL && k->resumable && k->state == CONN_UP &&
+                !k->paused && !k->closing && k->successor == NULL &&
+                conn_from(k, addrs, n)) {
+                weft__log(WEFT__LOG_WARN, tp->rank,
+                          "wire %d to peer %d (%s): its interface %s went "
+                          "down",
+                          w, p, k->name, name);
+                weft__tcp_pause(k, UV_ENETDOWN);
+            }
+        }
+}
+
+static void linkwatch_cb(uv_poll_t *h, int status, int events)
+{
+    tcp_tp *tp = h->data;
+    union {
+        struct nlmsghdr h;
+        char b[8192];
+    } buf;
+    ssize_t n;
+
+    (void)events;
+    if (status < 0 || tp->shut)
+        return;
+    while ((n = recv(tp->linkwatch_fd, buf.b, sizeof buf.b, MSG_DONTWAIT)) >
+           0) {
+        size_t left = (size_t)n;
+
+        for (struct nlmsghdr *m = &buf.h; NLMSG_OK(m, left);
+             m = NLMSG_NEXT(m, left)) {
+            const struct ifinfomsg *ifi = NLMSG_DATA(m);
+
+            if ((m->nlmsg_type != RTM_NEWLINK &&
+                 m->nlmsg_type != RTM_DELLINK) ||
+                m->nlmsg_len < NLMSG_LENGTH(sizeof *ifi))
+                continue;
+            if (m->nlmsg_type == RTM_DELLINK || !(ifi->ifi_flags & IFF_UP) ||
+                !(ifi->ifi_flags & IFF_RUNNING))
+                iface_down(tp, ifi->ifi_index);
+        }
+    }
+}
+
+/* Watches the interfaces where some wire can resume; without the watch
+ * (no netlink here), a link set down is noticed at the user timeout. */
+static void linkwatch_start(tcp_tp *tp)
+{
+    struct sockaddr_nl sa;
+    int fd;
+
+    fd = socket(AF_NETLINK, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                NETLINK_ROUTE);
+    if (fd < 0)
+        return;
+    memset(&sa, 0, sizeof sa);
+    sa.nl_family = AF_NETLINK;
+    sa.nl_groups = RTMGRP_LINK;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        uv_poll_init(&tp->loop, &tp->linkwatch, fd) != 0) {
+        close(fd);
+        return;
+    }
+    tp->linkwatch_fd = fd;
+    tp->linkwatch.data = tp;
+    uv_poll_start(&tp->linkwatch, UV_READABLE, linkwatch_cb);
+}
+
 int weft__tcp_resume_init(tcp_tp *tp)
 {
+    int any = 0;
     size_t ret =
         4 * (tp->cfg->sockbuf_bytes > 0 ? (size_t)tp->cfg->sockbuf_bytes
                                         : (size_t)4 << 20);
@@ -478,6 +601,9 @@ int weft__tcp_resume_init(tcp_tp *tp)
             k->resumable = 1;
             k->ret_size = ret;
             k->via_link = s->alt_link >= 0 ? s->alt_link : home_link(tp, p, s);
+            any = 1;
         }
+    if (any)
+        linkwatch_start(tp);
     return 0;
 }

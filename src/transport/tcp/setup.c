@@ -235,6 +235,8 @@ static void tcp_destroy(weft__tp *t)
                       "libuv loop still busy at close");
         weft__sigpipe_restore(&sp);
     }
+    if (tp->linkwatch_fd >= 0)
+        close(tp->linkwatch_fd); /* its poll handle closed above */
     for (int p = 0; tp->peers != NULL && p < tp->nranks; p++)
         free(tp->peers[p].s);
     free(tp->peers);
@@ -275,6 +277,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     tp->cfg = cfg;
     tp->sink = sink;
     tp->lost_peer = -1;
+    tp->linkwatch_fd = -1;
     tp->rank = par->rank;
     tp->nranks = par->nranks;
     tp->wires = (uint32_t)par->wires;

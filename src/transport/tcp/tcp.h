@@ -266,6 +266,10 @@ struct tcp_tp {
     uv_timer_t timer;     /* deadline of progress() */
     uv_timer_t housekeep; /* connect retries and handshake deadlines */
     uv_async_t async;
+    /* The kernel's news of interfaces (resume.c: a link set down or its
+     * carrier lost pauses its wires at once); fd -1 when not watching. */
+    uv_poll_t linkwatch;
+    int linkwatch_fd;
     const weft__config *cfg;
     weft__errsink *sink; /* where failures are recorded */
     int rank;
@@ -369,10 +373,11 @@ void weft__tcp_wire_lost(conn *k, int uverr);
  * the peer closed or died): a resumable wire is then paused. */
 int weft__tcp_link_lost(int uverr);
 /* What a read's end of stream (UV_EOF) on k means: UV_EOF where the peer
- * closed its end (the connection waits for this end's close), or
- * UV_ETIMEDOUT where the kernel gave the connection up (no answer within
- * the user timeout) and a write on another thread, or libuv's, took the
- * error first: reads then find only the end. */
+ * closed its end (the connection waits for this end's close); else the
+ * kernel ended it, and a write (on TCP's sending thread, or libuv's) took
+ * the error first, so that reads find only the end: UV_ETIMEDOUT where
+ * its retransmissions or probes went unanswered (the user timeout), else
+ * UV_ECONNRESET. */
 int weft__tcp_eof_cause(conn *k);
 /* Pauses k (uverr: why): its posted transfers wait for a new connection
  * to take over. Returns 1 if k is paused (or was), 0 if it cannot be
@@ -393,7 +398,9 @@ void weft__tcp_resume_finish(conn *old);
 /* Housekeeping: dials resumes, ends pauses past the wire timeout. Returns
  * 1 while some wire is paused. */
 int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now);
-/* Sets up retention on every resumable data wire once set-up ended. */
+/* Sets up retention on every resumable data wire once set-up ended, and
+ * the watch of interfaces that pauses a wire whose interface goes down
+ * (or loses its carrier) at once, rather than at the user timeout. */
 int weft__tcp_resume_init(tcp_tp *tp);
 /* handshake.c: connects to peer p's addr:port for wire w (resume: to
  * resume it); closes k and tries again later; (re)starts housekeeping. */
