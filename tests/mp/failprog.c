@@ -280,7 +280,8 @@ static int shrink_mode(weft_comm *c, int victim)
             rc = WEFT_EINVAL;
         }
     }
-    if (rc == WEFT_OK) {
+    /* A ring of send/recv (a survivor alone has no peer to send to). */
+    if (rc == WEFT_OK && weft_size(s) > 1) {
         int m = weft_size(s), r = weft_rank(s), got = -1;
         int mine = weft_comm_origin_rank(s, r);
         rc = weft_sendrecv(s, &mine, (r + 1) % m, &got, (r + m - 1) % m, 1,
