@@ -51,6 +51,9 @@ done
 # connections; around a ring of 4 hosts and in a mesh of 3.
 "$ringtest" -H 4 -L 2 -W 2 --mode faults || fail=1
 "$ringtest" -H 3 -L 2 -W 2 --mode faults || fail=1
+# ... between two hosts joined by 3 links, a wire on each (a link lost
+# leaves two; the survivor of the shrink is alone).
+"$ringtest" -H 2 -L 3 --mode faults || fail=1
 # ... and among hosts of two ranks each, across them by the mesh and the
 # ring (one rank of the last host killed or stopped).
 "$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1
