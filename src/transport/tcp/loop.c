@@ -108,6 +108,20 @@ static void conn_close_cb(uv_handle_t *h)
      * cancelled writes have run (resume.c). */
     if (k->successor != NULL)
         weft__tcp_resume_finish(k);
+    /* No slot keeps a freed connection: where the transport failed
+     * between a resume's takeover and this close, the slot still holds
+     * k (the shutdown that follows closes the successor with the rest). */
+    if (k->peer >= 0 && k->wire >= 0 && k->tp->peers != NULL &&
+        k->wire < k->tp->peers[k->peer].nslots) {
+        slot *s = &k->tp->peers[k->peer].s[k->wire];
+
+        if (s->c == k)
+            s->c = NULL;
+        if (s->trying == k)
+            s->trying = NULL;
+        if (s->resuming == k)
+            s->resuming = NULL;
+    }
     free(k->rxb);
     free(k->rdata);
     free(k->ret);
