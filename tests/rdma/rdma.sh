@@ -72,7 +72,8 @@ for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
     [ -z "$val" ] || set -- "$@" --env "$v=$val"
 done
 
-# Four links: two hosts joined by two cables, and four hosts in a ring.
+# Five links: two hosts joined by two cables, four hosts in a ring, and
+# the ring with a second cable between two of its hosts.
 # shellcheck disable=SC2086
-exec "$runner" --links 4 --cpus "${WEFT_RDMA_CPUS:-2}" --mem 1536 \
+exec "$runner" --links 5 --cpus "${WEFT_RDMA_CPUS:-2}" --mem 1536 \
     --timeout 1500 "$@" -- /work/guest-tests ${WEFT_RDMA_SECTIONS-}

@@ -268,7 +268,7 @@ static void async_events(ib_tp *tp, ib_dev *d)
                             tp->peers[p].lost_links &= ~((uint64_t)1 << li);
                             /* Down as the job started: its GID now. */
                             if (tp->peers[p].links[li].gid_index < 0)
-                                weft__ib_link_gid(tp, &tp->peers[p].links[li]);
+                                weft__ib_link_gid(&tp->peers[p].links[li]);
                         }
                 tp->fo_work = 1; /* wires may move back (failover.c) */
                 weft__log(WEFT__LOG_WARN, tp->rank,

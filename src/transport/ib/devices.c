@@ -349,7 +349,7 @@ int weft__ib_wire_device(ib_tp *tp, uint32_t link, ib_wire *w)
     return WEFT_OK;
 }
 
-int weft__ib_link_gid(ib_tp *tp, ib_link *lk)
+void weft__ib_link_gid(ib_link *lk)
 {
     ib_dev *d = lk->dev;
     struct ibv_port_attr pa;
@@ -357,14 +357,12 @@ int weft__ib_link_gid(ib_tp *tp, ib_link *lk)
     if (ibv_query_port(d->ctx, (uint8_t)d->port, &pa) == 0)
         d->pattr = pa;
     if (d->pattr.link_layer == IBV_LINK_LAYER_INFINIBAND) {
-        lk->gid_index = 0;
-        return ibv_query_gid(d->ctx, (uint8_t)d->port, 0, &lk->gid) == 0 ? 0
-                                                                         : -1;
+        lk->gid_index =
+            ibv_query_gid(d->ctx, (uint8_t)d->port, 0, &lk->gid) == 0 ? 0 : -1;
+        return;
     }
-    (void)tp;
     lk->gid_index = gid_find_v4(d->ctx, d->port, d->pattr.gid_tbl_len,
                                 lk->addr[0] != '-' ? lk->addr : NULL, &lk->gid);
-    return lk->gid_index >= 0 ? 0 : -1;
 }
 
 /* ---- budgets and shared resources ---- */

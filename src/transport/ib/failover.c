@@ -699,7 +699,7 @@ void weft__ib_fo_run(ib_tp *tp)
             /* A port down as the job started may have had no GID for the
              * link's address; it may once the port is up. */
             if (lk->gid_index < 0 && !lk->dev->down)
-                weft__ib_link_gid(tp, lk);
+                weft__ib_link_gid(lk);
             if (((pe->lost_links & ~pe->refused_links) >> li) & 1 &&
                 !pe->links[li].dev->down &&
                 now - pe->links[li].lost_ms >=

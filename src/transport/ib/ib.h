@@ -109,7 +109,7 @@
 #include <stdint.h>
 
 #define IB_MAGIC 0x42494657u /* "WFIB" */
-#define IB_VERSION 5u        /* 4: a refused queue pair (N) in failover */
+#define IB_VERSION 5u /* 5: queue pair number 0 for a port down at set-up */
 #define IB_HDR_BYTES 32
 #define IB_QP_BYTES 48
 #define IB_BYE_BYTES(wires) (1 + 4 * (wires)) /* 'B', landed per wire */
@@ -405,7 +405,7 @@ void weft__ib_fo_free(ib_tp *tp);
  * to its own once that is up. */
 int weft__ib_fo_start(ib_tp *tp);
 /* Reads again lk's device port and the GID of lk's address there (a port
- * that was down may have had none): 0, or -1 where it has none yet. */
-int weft__ib_link_gid(ib_tp *tp, ib_link *lk);
+ * that was down may have had none): lk->gid_index stays -1 until it has. */
+void weft__ib_link_gid(ib_link *lk);
 
 #endif
