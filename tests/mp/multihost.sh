@@ -54,6 +54,10 @@ done
 # ... between two hosts joined by 3 links, a wire on each (a link lost
 # leaves two; the survivor of the shrink is alone).
 "$ringtest" -H 2 -L 3 --mode faults || fail=1
+# ... and between two hosts whose 2 links run through a switch (a bridge):
+# a host's end set down leaves the far end's carrier up, so only the
+# first end's word (a nudge over the other link) tells the far end.
+"$ringtest" -H 2 -L 2 --switch --mode faults || fail=1
 # ... and among hosts of two ranks each, across them by the mesh and the
 # ring (one rank of the last host killed or stopped).
 "$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1

@@ -292,6 +292,28 @@ static int send_answer(conn *k)
                            reply_write_cb);
 }
 
+/* Peer `from` (lower) says its end of the wire (link, lwire) lost its
+ * link: this end, which dials, pauses it (if it had not noticed) and
+ * resumes it over the links left. */
+static void nudged(tcp_tp *tp, int from, uint32_t link, uint32_t lwire)
+{
+    for (int w = 0; w < tp->peers[from].nslots; w++) {
+        slot *s = &tp->peers[from].s[w];
+        conn *k = s->c;
+
+        if (!s->outgoing || s->link != link || s->lwire != lwire || k == NULL ||
+            k->state != CONN_UP || k->paused || k->closing ||
+            k->successor != NULL)
+            continue;
+        weft__log(WEFT__LOG_WARN, tp->rank,
+                  "%swire %d to peer %d (%s): the peer says its link went "
+                  "down",
+                  s->relay ? "relay " : "", w, from, k->name);
+        k->peer_knows = 1;
+        weft__tcp_pause(k, UV_ENETDOWN);
+    }
+}
+
 /* An accepted connection's hello is complete: check and place it. */
 static void hello_done(conn *k)
 {
@@ -308,6 +330,14 @@ static void hello_done(conn *k)
         return reject(k, "unsupported protocol version");
     if (!token_equal(k->hbuf + 24, tp->cfg->token))
         return reject(k, "wrong job token (WEFT_JOB_TOKEN)");
+    if (weft__get_be32(k->hbuf + HELLO_FLAGS_AT) & HELLO_NUDGE) {
+        if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->rank)
+            return reject(k, "a nudge names ranks that do not connect here");
+        pending_remove(tp, k);
+        nudged(tp, (int)from, link, lwire);
+        weft__tcp_conn_close(k);
+        return;
+    }
     if (to != (uint32_t)tp->rank || from >= (uint32_t)tp->nranks ||
         from <= (uint32_t)tp->rank)
         return reject(k, "hello names ranks that do not connect here");
@@ -348,6 +378,8 @@ static void hello_done(conn *k)
          * had not noticed) and answers with how far it read. */
         int move = (weft__get_be32(k->hbuf + HELLO_FLAGS_AT) & HELLO_MOVE) != 0;
 
+        if (s->c != NULL)
+            s->c->peer_knows = 1; /* its resume says it lost the link */
         if (s->c == NULL || s->c->successor != NULL ||
             !(move && !s->c->paused ? weft__tcp_pause_to_move(s->c)
                                     : weft__tcp_pause(s->c, UV_ETIMEDOUT)))
@@ -651,6 +683,71 @@ void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
     if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa, connect_cb) !=
         0)
         retry_later(k, "cannot start connecting");
+}
+
+static void nudge_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+
+    (void)status;
+    weft__tcp_write_done(k->tp);
+    weft__tcp_conn_close(k);
+}
+
+static void nudge_connect_cb(uv_connect_t *req, int status)
+{
+    conn *k = req->data;
+    tcp_tp *tp = k->tp;
+    uv_buf_t b = uv_buf_init((char *)k->out, HELLO_BYTES);
+
+    if (k->closing || tp->shut)
+        return;
+    k->hreq.data = k;
+    if (status < 0 || weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                                      nudge_write_cb) != 0)
+        weft__tcp_conn_close(k);
+}
+
+void weft__tcp_nudge(tcp_tp *tp, int p, int w)
+{
+    const weft__config *cfg = tp->cfg;
+    const slot *s = &tp->peers[p].s[w];
+    struct sockaddr_in sa;
+    const char *addr = NULL;
+    /* The link the lost connection ran on (a relay connection's is its
+     * neighbour's first wire's, or where it was resumed). */
+    const uint32_t lost = s->c != NULL && s->c->via_link >= 0
+                              ? (uint32_t)s->c->via_link
+                              : s->link;
+    conn *k;
+
+    /* The peer's address on another link whose wire to it is up. */
+    for (int u = 0; u < tp->peers[p].nwires && addr == NULL; u++) {
+        const slot *o = &tp->peers[p].s[u];
+        uint32_t on;
+        const weft__link *lk;
+
+        if (o->c == NULL || o->c->state != CONN_UP || o->c->paused)
+            continue;
+        on = o->c->via_link >= 0 ? (uint32_t)o->c->via_link : o->link;
+        if (on == lost || on >= (uint32_t)cfg->nlinks)
+            continue; /* loopback too */
+        lk = &cfg->links[on];
+        addr = lk->end[lk->end[0].host == cfg->rank_host[p] ? 0 : 1].addr;
+    }
+    if (addr == NULL ||
+        uv_ip4_addr(addr, weft__config_rank_port(cfg, p), &sa) != 0 ||
+        (k = conn_new(tp)) == NULL)
+        return; /* the peer notices by itself */
+    hello_pack(tp, k->out, p, s);
+    weft__put_be32(k->out + HELLO_FLAGS_AT, HELLO_NUDGE);
+    k->state = CONN_CONNECTING;
+    snprintf(k->name, sizeof k->name, "%s:%d", addr,
+             weft__config_rank_port(cfg, p));
+    k->creq.data = k;
+    if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa,
+                       nudge_connect_cb) != 0)
+        weft__tcp_conn_close(k);
 }
 
 /* Another data wire to peer p, to another address than slot w's (another

@@ -161,6 +161,10 @@ int weft__tcp_pause(conn *k, int uverr)
               "wire %d to peer %d: resuming it on a new connection over "
               "the links left",
               k->wire, k->peer);
+    /* The dialling end resumes: where that is the peer, it may not have
+     * noticed yet (a carrier loss reaches it up to a second later). */
+    if (!tp->peers[k->peer].s[k->wire].outgoing && !k->peer_knows)
+        weft__tcp_nudge(tp, k->peer, k->wire);
     weft__tcp_housekeep_start(tp);
     return 1;
 }

@@ -69,7 +69,7 @@
 
 #define HELLO_MAGIC 0x54464557u /* "WEFT" */
 #define REPLY_MAGIC 0x4b4f4657u /* "WFOK" */
-#define HELLO_VERSION 4u
+#define HELLO_VERSION 5u
 /* A hello and an answer end with a verdict: 0, or the code of a failure
  * of weft_init that the sender tells its peers about, and why (TELL_WHY
  * bytes, a string). A connection that was up when its sender failed is
@@ -82,6 +82,10 @@
  * read position on that wire; an answer the listening side's. */
 #define HELLO_RESUME 1u
 #define HELLO_MOVE 2u /* ... to move it back to its own link */
+/* The listening end of the wire it names lost that wire's link first:
+ * the dialling end pauses its end and resumes it (sent over another
+ * link, then closed). */
+#define HELLO_NUDGE 4u
 #define HELLO_FLAGS_AT (48 + 4 + TELL_WHY)
 #define REPLY_POS_AT (16 + 4 + TELL_WHY)
 #define NOTICE_MAGIC 0x4c494657u /* "WFIL" */
@@ -147,9 +151,10 @@ typedef struct conn {
     uint64_t rx_ms; /* when it last read anything (resume.c picks a path) */
     char *ret;
     size_t ret_size;
-    int resume;   /* 1: resumes a lost wire; 2: moves one back to its link */
-    int moving;   /* paused to move back to its link, not lost */
-    int via_link; /* the link it runs over (-1: not known here) */
+    int resume;     /* 1: resumes a lost wire; 2: moves one back to its link */
+    int moving;     /* paused to move back to its link, not lost */
+    int peer_knows; /* paused at the peer's word: no need to tell it */
+    int via_link;   /* the link it runs over (-1: not known here) */
     uint64_t resume_pos;
     struct conn *successor;
     char why[160];
@@ -407,6 +412,9 @@ int weft__tcp_resume_init(tcp_tp *tp);
 void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
                     int resume);
 void weft__tcp_retry_later(conn *k, const char *why);
+/* Tells peer p, over another link, that this end (the listening one) of
+ * wire w lost its link (HELLO_NUDGE): the peer dials to resume it. */
+void weft__tcp_nudge(tcp_tp *tp, int p, int w);
 void weft__tcp_housekeep_start(tcp_tp *tp);
 /* data.c: queues k's sends and read-ahead for progress() to hand out. */
 void weft__tcp_kick(conn *k);
