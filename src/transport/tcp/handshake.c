@@ -309,8 +309,7 @@ static void nudged(tcp_tp *tp, int from, uint32_t link, uint32_t lwire)
                   "%swire %d to peer %d (%s): the peer says its link went "
                   "down",
                   s->relay ? "relay " : "", w, from, k->name);
-        k->peer_knows = 1;
-        weft__tcp_pause(k, UV_ENETDOWN);
+        weft__tcp_pause(k, UV_ENETDOWN); /* the dialling end: no nudge */
     }
 }
 
@@ -712,6 +711,7 @@ void weft__tcp_nudge(tcp_tp *tp, int p, int w)
 {
     const weft__config *cfg = tp->cfg;
     const slot *s = &tp->peers[p].s[w];
+    const int port = weft__config_rank_port(cfg, p);
     struct sockaddr_in sa;
     const char *addr = NULL;
     /* The link the lost connection ran on (a relay connection's is its
@@ -735,15 +735,13 @@ void weft__tcp_nudge(tcp_tp *tp, int p, int w)
         lk = &cfg->links[on];
         addr = lk->end[lk->end[0].host == cfg->rank_host[p] ? 0 : 1].addr;
     }
-    if (addr == NULL ||
-        uv_ip4_addr(addr, weft__config_rank_port(cfg, p), &sa) != 0 ||
+    if (addr == NULL || uv_ip4_addr(addr, port, &sa) != 0 ||
         (k = conn_new(tp)) == NULL)
         return; /* the peer notices by itself */
     hello_pack(tp, k->out, p, s);
     weft__put_be32(k->out + HELLO_FLAGS_AT, HELLO_NUDGE);
     k->state = CONN_CONNECTING;
-    snprintf(k->name, sizeof k->name, "%s:%d", addr,
-             weft__config_rank_port(cfg, p));
+    snprintf(k->name, sizeof k->name, "%s:%d", addr, port);
     k->creq.data = k;
     if (uv_tcp_connect(&k->creq, &k->h, (struct sockaddr *)&sa,
                        nudge_connect_cb) != 0)
