@@ -285,12 +285,21 @@ def _blocking(comms, fn, first, args):
         rc = fn(first, *args)
     finally:
         w.calls = None
-    if w.hit:
+    if w.hit or (rc != 0 and w.slots[w.seen]):
         # The handler may raise nothing (an application's that sets a
         # flag): then the call fails as aborted, which it was.
-        w.hit = False
-        _run_signal_handlers()
+        _interrupted(w)
     return rc
+
+
+def _interrupted(w):
+    """After a blocking call that the watcher aborted (hit), or that failed
+    while a signal came the watcher has not seen yet (a peer that took the
+    same Ctrl-C ended first, so this call failed for its leaving before
+    this rank's watcher ran): claims those signals and runs their
+    handlers, so that the caller gets KeyboardInterrupt, not the error."""
+    w.hit = False
+    _claim(w)
 
 
 def _sigint_after_fork():
@@ -908,9 +917,8 @@ class Comm:
                     rc = fn(h, *args)
                 finally:
                     w.calls = None
-                if w.hit:
-                    w.hit = False
-                    _run_signal_handlers()
+                if w.hit or (rc != 0 and w.slots[w.seen]):
+                    _interrupted(w)
             if rc != 0:
                 self._raise(rc)
 
