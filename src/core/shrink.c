@@ -18,7 +18,10 @@
  * connection in the agreement ends before the agreement did (a rank that
  * is alive and shrinking never closes one). A member whose leader dies
  * elects the next one; ranks that joined the dead leader find the same
- * one, since they saw the same end. Every member leaves with the set of
+ * one, since they saw the same end. A rank whose host has no cable to
+ * the leader's connects through a rank of a host nearer to it, which
+ * carries the connection on (M_FORWARD; below, "connections carried on
+ * for others"). Every member leaves with the set of
  * the COMMIT, the same on every rank. Then the new communicator is made
  * over new connections, listening at the same ports, with a job token
  * derived from the old one and the set (so that nothing of another
@@ -34,6 +37,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -53,7 +57,33 @@
 #define RETRY_MS 20
 #define FAST_TRIES 100
 
-enum { M_JOIN = 1, M_WELCOME, M_DECIDE, M_ACK, M_COMMIT };
+enum {
+    M_JOIN = 1,
+    M_WELCOME,
+    M_DECIDE,
+    M_ACK,
+    M_COMMIT,
+    /* To a rank on the way: carry this connection on to the rank in the
+     * set. From the rank that reached it, to the one that asked, its
+     * sender the rank asked for: */
+    M_FORWARD,
+    M_REACHED, /* connected to it */
+    M_REFUSED, /* its host answered, nobody listens at its port */
+    M_CLOSED,  /* its end of the connection ended */
+    M_LAST = M_CLOSED
+};
+
+/* A connection this rank carries on towards another rank for a rank
+ * whose host has no cable to it. */
+enum { P_ASKED, P_DIAL, P_PIPE };
+typedef struct {
+    int in, out; /* from the rank that asked; to the next hop (-1: none) */
+    int target;  /* the rank it reaches */
+    int direct;  /* out is the target's own connection */
+    int state;   /* P_ASKED: reading the request; P_DIAL; P_PIPE */
+    size_t held; /* P_DIAL: bytes from in, for out once connected */
+    uint8_t buf[HDR_BYTES + 1024];
+} fwd;
 
 /* The agreement's state on one rank. */
 typedef struct {
@@ -63,8 +93,14 @@ typedef struct {
     size_t msg_bytes;  /* of every message */
     uint64_t key;      /* proves a message is of this job */
     uint8_t *dead;     /* ranks known dead (one byte per rank) */
+    uint8_t *req;      /* a request's set */
     uint64_t deadline; /* ranks not heard from by then are out */
     int lfd;           /* listening at this rank's port */
+    fwd *fw;           /* connections carried on for others */
+    int nfw, cap, polled;
+    unsigned turn;     /* rotates the ranks a connection goes through */
+    int *dist;         /* hops from each host to the leader's */
+    struct pollfd *pf; /* wait_io's */
     char *errmsg;
     size_t errlen;
 } agree;
@@ -105,12 +141,13 @@ static void check_pids(agree *a)
 
 /* ---- messages ---- */
 
-static void msg_pack(const agree *a, int type, const uint8_t *set, uint8_t *m)
+static void msg_pack(const agree *a, int type, int from, const uint8_t *set,
+                     uint8_t *m)
 {
     memset(m, 0, a->msg_bytes);
     weft__put_be32(m, MSG_MAGIC);
     weft__put_be32(m + 4, (uint32_t)type);
-    weft__put_be32(m + 8, (uint32_t)a->me);
+    weft__put_be32(m + 8, (uint32_t)from);
     weft__put_be32(m + 12, (uint32_t)a->n);
     weft__put_be64(m + 16, a->key);
     for (int r = 0; set != NULL && r < a->n; r++)
@@ -126,7 +163,7 @@ static int msg_parse(const agree *a, const uint8_t *m, int *from, uint8_t *set)
 
     if (weft__get_be32(m) != MSG_MAGIC ||
         weft__get_be32(m + 12) != (uint32_t)a->n ||
-        weft__get_be64(m + 16) != a->key || type < M_JOIN || type > M_COMMIT)
+        weft__get_be64(m + 16) != a->key || type < M_JOIN || type > M_LAST)
         return 0;
     *from = (int)weft__get_be32(m + 8);
     if (*from < 0 || *from >= a->n || *from == a->me)
@@ -137,15 +174,38 @@ static int msg_parse(const agree *a, const uint8_t *m, int *from, uint8_t *set)
 }
 
 /* Sends a whole message on a connection (small: the socket's buffer
- * takes it at once, or the peer is not reading, which is its failure). */
-static int msg_send(const agree *a, int fd, int type, const uint8_t *set)
+ * takes it at once, or the peer is not reading, which is its failure),
+ * as from rank from. */
+static int msg_send_as(const agree *a, int fd, int type, int from,
+                       const uint8_t *set)
 {
     uint8_t m[HDR_BYTES + 1024];
     ssize_t k;
 
-    msg_pack(a, type, set, m);
+    msg_pack(a, type, from, set, m);
     k = send(fd, m, a->msg_bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
     return k == (ssize_t)a->msg_bytes ? 0 : -1;
+}
+
+static int msg_send(const agree *a, int fd, int type, const uint8_t *set)
+{
+    return msg_send_as(a, fd, type, a->me, set);
+}
+
+/* A forwarder's word about rank r to the rank that asked. */
+static void msg_status(const agree *a, int fd, int type, int r)
+{
+    (void)msg_send_as(a, fd, type, r, NULL);
+}
+
+/* Asks the rank at fd to carry the connection on to rank r. */
+static int msg_forward(const agree *a, int fd, int r)
+{
+    uint8_t one[8192];
+
+    memset(one, 0, (size_t)a->n);
+    one[r] = 1;
+    return msg_send_as(a, fd, M_FORWARD, a->me, one);
 }
 
 /* A connection being read: bytes of the message that is arriving. */
@@ -188,7 +248,7 @@ static int poll_ms(uint64_t until)
 
 /* The addresses at which rank q listens, as seen from this rank: its
  * host's own where it shares this one, else the ends at q's host of the
- * cables between the two hosts, else of every cable of q's host. */
+ * cables between the two hosts (none: no cable joins them). */
 static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
                       int max)
 {
@@ -200,15 +260,13 @@ static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
                                               : "127.0.0.1");
         return 1;
     }
-    for (int pass = 0; pass < 2 && n == 0; pass++)
-        for (int l = 0; l < cfg->nlinks && n < max; l++) {
-            const weft__link *lk = &cfg->links[l];
+    for (int l = 0; l < cfg->nlinks && n < max; l++) {
+        const weft__link *lk = &cfg->links[l];
 
-            for (int e = 0; e < 2 && n < max; e++)
-                if (lk->end[e].host == hq &&
-                    (pass == 1 || lk->end[1 - e].host == hm))
-                    snprintf(out[n++], 64, "%s", lk->end[e].addr);
-        }
+        for (int e = 0; e < 2 && n < max; e++)
+            if (lk->end[e].host == hq && lk->end[1 - e].host == hm)
+                snprintf(out[n++], 64, "%s", lk->end[e].addr);
+    }
     return n;
 }
 
@@ -260,6 +318,314 @@ static int listen_at(const weft__config *cfg, int port)
     return fd;
 }
 
+/* ---- routes: through the ranks of the hosts between ---- */
+
+static int hosts_linked(const weft__config *cfg, int x, int y)
+{
+    for (int l = 0; l < cfg->nlinks; l++)
+        if (weft__link_joins(&cfg->links[l], x, y))
+            return 1;
+    return 0;
+}
+
+/* a->dist: each host's hops by cable from host hl (INT_MAX: none). */
+static void hops_to(agree *a, int hl)
+{
+    const weft__config *cfg = &a->c->cfg;
+    int changed = 1;
+
+    for (int h = 0; h < cfg->nhosts; h++)
+        a->dist[h] = h == hl ? 0 : INT_MAX;
+    while (changed) {
+        changed = 0;
+        for (int l = 0; l < cfg->nlinks; l++)
+            for (int e = 0; e < 2; e++) {
+                int x = cfg->links[l].end[e].host;
+                int y = cfg->links[l].end[1 - e].host;
+
+                if (a->dist[x] != INT_MAX && a->dist[x] + 1 < a->dist[y]) {
+                    a->dist[y] = a->dist[x] + 1;
+                    changed = 1;
+                }
+            }
+    }
+}
+
+/* The next hop from this rank towards rank L: L itself where this rank's
+ * host is L's or has a cable to it (*direct = 1); else, turning with
+ * turn, one of the ranks not known dead on the hosts that have a cable to
+ * this one and are nearer to L's; -1 where there is none. */
+static int next_hop(agree *a, int L, unsigned turn, int *direct)
+{
+    const weft__config *cfg = &a->c->cfg;
+    const int hm = cfg->rank_host[a->me], hl = cfg->rank_host[L];
+    int m = 0;
+
+    *direct = 1;
+    if (hm == hl || hosts_linked(cfg, hm, hl))
+        return L;
+    *direct = 0;
+    hops_to(a, hl);
+    if (a->dist[hm] == INT_MAX)
+        return -1;
+    for (int pass = 0; pass < 2; pass++) {
+        int k = 0;
+
+        for (int r = 0; r < a->n; r++) {
+            int h = cfg->rank_host[r];
+
+            if (r == a->me || a->dead[r] || a->dist[h] >= a->dist[hm] ||
+                !hosts_linked(cfg, hm, h))
+                continue;
+            if (pass == 1 && k == (int)(turn % (unsigned)m))
+                return r;
+            k++;
+        }
+        if ((m = k) == 0)
+            return -1;
+    }
+    return -1;
+}
+
+/* Starts connecting to rank q, by the turn-th of the addresses that reach
+ * it from this rank's host: the socket, or -1. */
+static int dial_rank(agree *a, int q, unsigned turn)
+{
+    char addrs[8][64];
+    int naddr = rank_addrs(&a->c->cfg, a->me, q, addrs, 8);
+
+    if (naddr == 0)
+        return -1;
+    return dial(addrs[turn % (unsigned)naddr],
+                weft__config_rank_port(&a->c->cfg, q));
+}
+
+/* ---- connections carried on for others ----
+ * A rank whose host has no cable to the leader's sends its connection
+ * through a rank on a host nearer to it (M_FORWARD, then its messages as
+ * ever), and so on, hop by hop. The rank whose host reaches the leader
+ * says what became of the leader's connection, as its sender: M_REACHED,
+ * M_REFUSED (the leader's host answered, nobody listens: as a refused
+ * connection), M_CLOSED (the leader's end ended: as the leader closing
+ * it). A connection that ends without a word is a rank on the way lost:
+ * the asking rank tries again by another, and never takes it for the
+ * leader's death. The leader sees each connection as the asking rank's
+ * own; its end is the asking rank's end. */
+
+static void fwd_end(fwd *p)
+{
+    if (p->in >= 0)
+        close(p->in);
+    if (p->out >= 0)
+        close(p->out);
+    p->in = p->out = -1;
+}
+
+/* A connection whose first message is still to come. */
+static fwd *fwd_take(agree *a, int fd)
+{
+    if (a->nfw == a->cap) {
+        close(fd);
+        return NULL;
+    }
+    a->fw[a->nfw] = (fwd){.in = fd, .out = -1, .state = P_ASKED};
+    return &a->fw[a->nfw++];
+}
+
+/* The first message m of p->in: a request to carry it on to a rank
+ * starts the next hop; anything else ends it (a JOIN to a rank that does
+ * not lead). */
+static void fwd_asked(agree *a, fwd *p, const uint8_t *m)
+{
+    int from = -1, r = -1, hop;
+
+    if (msg_parse(a, m, &from, a->req) != M_FORWARD)
+        goto end;
+    for (int q = 0; q < a->n; q++)
+        if (a->req[q]) {
+            if (r >= 0)
+                goto end;
+            r = q;
+        }
+    if (r < 0 || r == a->me)
+        goto end;
+    p->target = r;
+    p->held = 0;
+    p->state = P_DIAL;
+    hop = next_hop(a, r, a->turn, &p->direct);
+    if (hop >= 0 && (p->out = dial_rank(a, hop, a->turn)) >= 0) {
+        a->turn++;
+        return;
+    }
+    a->turn++;
+end:
+    fwd_end(p);
+}
+
+static int again(void)
+{
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* Moves what arrived on from on to to: 0, or -1 where from ended or to
+ * did not take it all. */
+static int fwd_move(int from, int to)
+{
+    uint8_t b[4096];
+
+    for (;;) {
+        ssize_t k = recv(from, b, sizeof b, MSG_DONTWAIT);
+
+        if (k == 0 || (k < 0 && !again()))
+            return -1;
+        if (k < 0)
+            return 0;
+        if (send(to, b, (size_t)k, MSG_NOSIGNAL | MSG_DONTWAIT) != k)
+            return -1;
+    }
+}
+
+/* What rin (on p->in) and rout (on p->out) said. */
+static void fwd_serve(agree *a, fwd *p, short rin, short rout)
+{
+    ssize_t k;
+
+    switch (p->state) {
+    case P_ASKED:
+        k = recv(p->in, p->buf + p->held, a->msg_bytes - p->held, MSG_DONTWAIT);
+        if (k == 0 || (k < 0 && !again()))
+            fwd_end(p);
+        else if (k > 0 && (p->held += (size_t)k) == a->msg_bytes)
+            fwd_asked(a, p, p->buf);
+        return;
+    case P_DIAL:
+        if (rin) {
+            k = recv(p->in, p->buf + p->held, sizeof p->buf - p->held,
+                     MSG_DONTWAIT);
+            if (k == 0 || (k < 0 && !again()) ||
+                (k > 0 && (p->held += (size_t)k) == sizeof p->buf)) {
+                fwd_end(p);
+                return;
+            }
+        }
+        if (rout) {
+            int err = 0;
+            socklen_t elen = sizeof err;
+
+            if (getsockopt(p->out, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
+                err != 0) {
+                if (p->direct && err == ECONNREFUSED)
+                    msg_status(a, p->in, M_REFUSED, p->target);
+                fwd_end(p);
+                return;
+            }
+            if (p->direct)
+                msg_status(a, p->in, M_REACHED, p->target);
+            else if (msg_forward(a, p->out, p->target) != 0) {
+                fwd_end(p);
+                return;
+            }
+            if (p->held > 0 &&
+                send(p->out, p->buf, p->held, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                    (ssize_t)p->held) {
+                fwd_end(p);
+                return;
+            }
+            p->held = 0;
+            p->state = P_PIPE;
+        }
+        return;
+    default:
+        if (rin && fwd_move(p->in, p->out) != 0) {
+            fwd_end(p);
+            return;
+        }
+        if (rout && fwd_move(p->out, p->in) != 0) {
+            if (p->direct)
+                msg_status(a, p->in, M_CLOSED, p->target);
+            fwd_end(p);
+        }
+    }
+}
+
+/* Fills pf with what the forwarded connections wait for (pf[0]: the
+ * port, where accept): the count. */
+static int pump_fds(agree *a, struct pollfd *pf, int accept)
+{
+    int np = 0;
+
+    for (int i = 0; i < a->nfw;)
+        if (a->fw[i].in < 0)
+            a->fw[i] = a->fw[--a->nfw];
+        else
+            i++;
+    pf[np++] = (struct pollfd){.fd = accept ? a->lfd : -1, .events = POLLIN};
+    for (int i = 0; i < a->nfw; i++) {
+        const fwd *p = &a->fw[i];
+
+        pf[np++] = (struct pollfd){.fd = p->in, .events = POLLIN};
+        pf[np++] = (struct pollfd){
+            .fd = p->state == P_ASKED ? -1 : p->out,
+            .events = (short)(p->state == P_DIAL ? POLLOUT : POLLIN)};
+    }
+    a->polled = a->nfw;
+    return np;
+}
+
+static void pump_serve(agree *a, const struct pollfd *pf)
+{
+    for (int i = 0; i < a->polled; i++) {
+        short rin = pf[1 + 2 * i].revents, rout = pf[2 + 2 * i].revents;
+
+        if (a->fw[i].in >= 0 && (rin || rout))
+            fwd_serve(a, &a->fw[i], rin, rout);
+    }
+    if (pf[0].fd >= 0 && (pf[0].revents & POLLIN)) {
+        int fd = accept4(a->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd >= 0)
+            fwd_take(a, fd);
+    }
+}
+
+/* Waits until fd (-1: none) is ready for events, or until, carrying on
+ * meanwhile the connections this rank forwards (and, with accept, taking
+ * new ones at its port): fd's revents, or 0. */
+static short wait_io(agree *a, int fd, short events, uint64_t until, int accept)
+{
+    struct pollfd *pf = a->pf;
+    int np;
+
+    pf[0] = (struct pollfd){.fd = fd, .events = events};
+    np = 1 + pump_fds(a, pf + 1, accept);
+    if (poll(pf, (nfds_t)np, poll_ms(until)) <= 0)
+        return 0;
+    pump_serve(a, pf + 1);
+    return pf[0].revents;
+}
+
+/* Once this rank's agreement ended: carries on the connections it
+ * forwards until their ranks have their answer (the leader closed its
+ * ends after its COMMIT), or until; no new ones. */
+static void drain(agree *a, uint64_t until)
+{
+    for (int i = 0; i < a->nfw; i++)
+        if (a->fw[i].state != P_PIPE)
+            fwd_end(&a->fw[i]);
+    for (;;) {
+        int live = 0;
+
+        for (int i = 0; i < a->nfw; i++)
+            live |= a->fw[i].in >= 0;
+        if (!live || weft__now_ms() >= until)
+            break;
+        (void)wait_io(a, -1, 0, until, 0);
+    }
+    for (int i = 0; i < a->nfw; i++)
+        fwd_end(&a->fw[i]);
+    a->nfw = 0;
+}
+
 /* ---- the leader ---- */
 
 /* The leader's part: *set (n bytes) gets the members. WEFT_OK or
@@ -269,13 +635,13 @@ static int lead(agree *a, uint8_t *set)
     const int n = a->n;
     link_in *in = calloc((size_t)(2 * n + 1), sizeof *in);
     uint8_t *joined = calloc((size_t)n, 1), *got = malloc((size_t)n);
-    struct pollfd *pf = calloc((size_t)(2 * n + 2), sizeof *pf);
+    struct pollfd *pf = calloc((size_t)(2 * n + 4 + 2 * a->cap), sizeof *pf);
     int nin = 0, rc = WEFT_ENOMEM;
 
     if (in == NULL || joined == NULL || got == NULL || pf == NULL)
         goto out;
     for (;;) {
-        int complete = 1, np = 0;
+        int complete = 1, np = 0, base;
 
         check_pids(a);
         for (int r = 0; r < n; r++)
@@ -286,15 +652,27 @@ static int lead(agree *a, uint8_t *set)
         pf[np++] = (struct pollfd){.fd = a->lfd, .events = POLLIN};
         for (int i = 0; i < nin; i++)
             pf[np++] = (struct pollfd){.fd = in[i].fd, .events = POLLIN};
+        base = np;
+        np += pump_fds(a, pf + base, 0);
         if (poll(pf, (nfds_t)np, poll_ms(a->deadline)) <= 0)
             continue;
-        for (int i = 0; i < np - 1; i++) {
+        pump_serve(a, pf + base);
+        for (int i = 0; i < base - 1; i++) {
             int k, from = -1, type;
 
             if (in[i].fd < 0 || pf[1 + i].revents == 0)
                 continue;
             while ((k = link_read(a, &in[i])) == 1) {
                 type = msg_parse(a, in[i].buf, &from, got);
+                if (type == M_FORWARD && in[i].rank < 0) {
+                    /* A rank on the way, asked to reach another. */
+                    fwd *p = fwd_take(a, in[i].fd);
+
+                    if (p != NULL)
+                        fwd_asked(a, p, in[i].buf);
+                    in[i].fd = -1;
+                    break;
+                }
                 if (type != M_JOIN || (in[i].rank >= 0 && in[i].rank != from)) {
                     k = -1;
                     break;
@@ -321,7 +699,7 @@ static int lead(agree *a, uint8_t *set)
                     if (got[r] && r != a->me && !joined[r])
                         a->dead[r] = 1;
             }
-            if (k < 0) {
+            if (k < 0 && in[i].fd >= 0) {
                 if (in[i].rank >= 0) {
                     joined[in[i].rank] = 0;
                     a->dead[in[i].rank] = 1;
@@ -365,8 +743,11 @@ static int lead(agree *a, uint8_t *set)
                 .fd = in[i].rank >= 0 && joined[in[i].rank] ? in[i].fd : -1,
                 .events = POLLIN};
         while (answered < members && !lost && weft__now_ms() < until) {
-            if (poll(pf, (nfds_t)nin, poll_ms(until)) <= 0)
+            int np = nin + pump_fds(a, pf + nin, 0);
+
+            if (poll(pf, (nfds_t)np, poll_ms(until)) <= 0)
                 continue;
+            pump_serve(a, pf + nin);
             for (int i = 0; i < nin; i++) {
                 int k, from = -1;
 
@@ -431,12 +812,10 @@ enum {
 };
 
 /* A member's part with leader L: FOLLOW_DONE with *set, or the leader
- * found dead, or the deadline. */
+ * found dead, or the deadline. Its connection goes to L where this rank's
+ * host has a cable to L's, else through a rank on the way. */
 static int follow(agree *a, int L, uint8_t *set)
 {
-    char addrs[8][64];
-    const int port = weft__config_rank_port(&a->c->cfg, L);
-    const int naddr = rank_addrs(&a->c->cfg, a->me, L, addrs, 8);
     const uint64_t hard =
         a->deadline + 2 * (uint64_t)a->c->cfg.connect_timeout_ms;
     uint8_t *known = malloc((size_t)a->n);
@@ -452,8 +831,9 @@ static int follow(agree *a, int L, uint8_t *set)
     while (weft__now_ms() < a->deadline) {
         link_in l = {.fd = -1, .rank = L};
         int welcomed = 0, decided = 0, k, from = -1, type, err = 0;
+        int direct = 1, hop;
         socklen_t elen = sizeof err;
-        struct pollfd pf;
+        short ev = 0;
 
         check_pids(a);
         if (a->dead[L]) {
@@ -461,36 +841,43 @@ static int follow(agree *a, int L, uint8_t *set)
             break;
         }
         if (attempt++ > 0)
-            usleep((attempt <= FAST_TRIES ? 1u : RETRY_MS) * 1000);
-        l.fd = dial(addrs[attempt % (naddr > 0 ? naddr : 1)], port);
-        if (naddr == 0 || l.fd < 0)
+            (void)wait_io(
+                a, -1, 0,
+                weft__now_ms() + (attempt <= FAST_TRIES ? 1u : RETRY_MS), 1);
+        hop = next_hop(a, L, (unsigned)attempt, &direct);
+        if (hop < 0 || (l.fd = dial_rank(a, hop, (unsigned)attempt)) < 0)
             continue;
-        pf = (struct pollfd){.fd = l.fd, .events = POLLOUT};
-        while (poll(&pf, 1, poll_ms(a->deadline)) == 0 &&
-               weft__now_ms() < a->deadline)
-            ;
-        if (!(pf.revents & POLLOUT) ||
+        while (ev == 0 && weft__now_ms() < a->deadline)
+            ev = wait_io(a, l.fd, POLLOUT, a->deadline, 1);
+        if (!(ev & POLLOUT) ||
             getsockopt(l.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
-            err != 0 || msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
+            err != 0 || (!direct && msg_forward(a, l.fd, L) != 0) ||
+            msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
             /* Refused: L's host answers, nobody listens (L is gone, or
-             * between its old communicator and this agreement). */
-            if ((pf.revents & POLLOUT) && err == ECONNREFUSED)
+             * between its old communicator and this agreement). A rank
+             * on the way that refuses says nothing of L. */
+            if (direct && (ev & POLLOUT) && err == ECONNREFUSED)
                 routed = 1, alive_seen = 0; /* what counts is the last */
             close(l.fd);
             continue;
         }
-        connected = routed = 1;
+        if (direct)
+            connected = routed = 1;
+        else
+            weft__log(WEFT__LOG_INFO, a->me,
+                      "weft_comm_shrink: to rank %d, which leads, through "
+                      "rank %d",
+                      L, hop);
         memcpy(known, a->dead, (size_t)a->n);
         /* Wait for the leader; tell it of deaths seen meanwhile. */
         for (;;) {
             uint64_t until = welcomed ? hard : a->deadline;
 
-            pf = (struct pollfd){.fd = l.fd, .events = POLLIN};
             if (weft__now_ms() >= until) {
                 k = -2;
                 break;
             }
-            if (poll(&pf, 1, poll_ms(until)) == 0) {
+            if (wait_io(a, l.fd, POLLIN, until, 1) == 0) {
                 check_pids(a);
                 if (a->dead[L]) {
                     k = -3;
@@ -506,6 +893,8 @@ static int follow(agree *a, int L, uint8_t *set)
                 continue;
             }
             k = link_read(a, &l);
+            if (k < 0 && !direct)
+                k = -6; /* a rank on the way is lost */
             if (k < 0)
                 break;
             if (k == 0)
@@ -515,7 +904,15 @@ static int follow(agree *a, int L, uint8_t *set)
                 k = -1;
                 break;
             }
-            if (type == M_WELCOME)
+            if (type == M_REACHED && !direct)
+                connected = routed = 1;
+            else if (type == M_REFUSED && !direct) {
+                k = -5;
+                break;
+            } else if (type == M_CLOSED && !direct) {
+                k = -1; /* as L's own end */
+                break;
+            } else if (type == M_WELCOME)
                 welcomed = 1;
             else if (type == M_DECIDE) {
                 decided = 1;
@@ -555,6 +952,13 @@ static int follow(agree *a, int L, uint8_t *set)
             result = FOLLOW_TIMEOUT;
             break;
         }
+        if (k == -5) {
+            routed = 1, alive_seen = 0;
+            continue;
+        }
+        /* A rank on the way lost: try again, by another. */
+        if (k == -6)
+            continue;
         /* Closed before it welcomed us: not (yet) the leader's agreement
          * at that port (its old communicator, or a new one made without
          * this rank): try again. */
@@ -604,12 +1008,14 @@ static int agree_run(agree *a, uint8_t *set)
             return WEFT_ETIMEDOUT;
         case FOLLOW_UNREACHABLE:
             snprintf(a->errmsg, a->errlen,
-                     "rank %d: weft_comm_shrink: no route from this rank's "
-                     "host to rank %d's (host %s), which leads the "
-                     "agreement: the agreement needs a cable between the "
-                     "host of the lowest rank alive and every other host",
-                     a->me, L, a->c->cfg.hosts[a->c->cfg.rank_host[L]].name);
-            return WEFT_ENOTSUP;
+                     "rank %d: weft_comm_shrink: no way from this rank's "
+                     "host (%s) to rank %d's (%s), which leads the "
+                     "agreement: no cable joins them, and no rank on a host "
+                     "between answered by the connect deadline (the hosts "
+                     "left are cut in two)",
+                     a->me, a->c->cfg.hosts[a->c->cfg.rank_host[a->me]].name, L,
+                     a->c->cfg.hosts[a->c->cfg.rank_host[L]].name);
+            return WEFT_EPEER;
         default:
             break;
         }
@@ -737,10 +1143,16 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
         6);
     a.deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     a.dead = calloc((size_t)a.n, 1);
+    a.req = calloc((size_t)a.n, 1);
+    a.cap = 2 * a.n + 8;
+    a.fw = calloc((size_t)a.cap, sizeof *a.fw);
+    a.pf = calloc((size_t)(2 + 2 * a.cap), sizeof *a.pf);
+    a.dist = calloc((size_t)c->cfg.nhosts, sizeof *a.dist);
     set = calloc((size_t)a.n, 1);
     members = calloc((size_t)a.n, sizeof *members);
     rc = WEFT_ENOMEM;
-    if (a.dead == NULL || set == NULL || members == NULL)
+    if (a.dead == NULL || a.req == NULL || a.fw == NULL || a.pf == NULL ||
+        a.dist == NULL || set == NULL || members == NULL)
         goto out;
     if (a.n > 1) {
         /* The port is free once c stopped listening; a moment may pass
@@ -756,7 +1168,10 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
                      a.me, port, strerror(errno));
             goto out;
         }
-        if ((rc = agree_run(&a, set)) != 0)
+        rc = agree_run(&a, set);
+        /* The ranks this one connects to the leader get their answer. */
+        drain(&a, weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms);
+        if (rc != 0)
             goto out;
     } else
         set[0] = 1;
@@ -774,6 +1189,12 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
 out:
     if (a.lfd >= 0)
         close(a.lfd);
+    if (a.fw != NULL)
+        drain(&a, 0);
+    free(a.fw);
+    free(a.pf);
+    free(a.dist);
+    free(a.req);
     free(a.dead);
     free(set);
     free(members);

@@ -228,12 +228,14 @@ again:
     return bad ? 3 : 0;
 }
 
-/* "shrink V": rank V exits (no finalize, as a killed process) after a
- * barrier; the others see their all_reduce fail, shrink, and check an
+/* "shrink V [V2]": rank V exits (no finalize, as a killed process) after
+ * a barrier, and rank V2 as the others start to shrink (after its
+ * all_reduce failed); the others see their all_reduce fail, shrink, and
+ * check an
  * all_reduce and a sendrecv ring on the ranks left: "shrunk <rank> of
  * <size> in <ms>" (ms from the failure to the first right all_reduce),
  * exit 0; or "FAILED ..." and exit 3. */
-static int shrink_mode(weft_comm *c, int victim)
+static int shrink_mode(weft_comm *c, int victim, int victim2)
 {
     int n = weft_size(c), me = weft_rank(c), rc;
     float v[4096];
@@ -260,6 +262,8 @@ static int shrink_mode(weft_comm *c, int victim)
            weft_last_error(c));
     t0 = now_ms();
     fflush(stdout);
+    if (me == victim2)
+        _exit(0);
     if ((rc = weft_comm_shrink(c, &s)) != WEFT_OK) {
         printf("FAILED shrink %s: %s\n", weft_err_name(rc),
                weft_last_error(NULL));
@@ -294,7 +298,7 @@ static int shrink_mode(weft_comm *c, int victim)
     for (int r = 1; rc == WEFT_OK && r < weft_size(s); r++)
         if (weft_comm_origin_rank(s, r) <= weft_comm_origin_rank(s, r - 1))
             rc = WEFT_EINVAL;
-    if (rc != WEFT_OK || weft_size(s) > n - 1 ||
+    if (rc != WEFT_OK || weft_size(s) > n - (victim2 >= 0 ? 2 : 1) ||
         weft_comm_origin_rank(s, weft_rank(s)) != me) {
         printf("FAILED on the shrunk communicator (%d of %d): %s: %s\n",
                weft_rank(s), weft_size(s), weft_err_name(rc),
@@ -328,7 +332,7 @@ int main(int argc, char **argv)
     if (strcmp(mode, "pairs") == 0)
         return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
     if (strcmp(mode, "shrink") == 0)
-        return shrink_mode(c, victim);
+        return shrink_mode(c, victim, argc > 3 ? atoi(argv[3]) : -1);
     if (strcmp(mode, "loop") == 0)
         return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10,
                          argc > 3 ? atoi(argv[3]) : 65536,

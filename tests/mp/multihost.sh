@@ -10,8 +10,8 @@ fail=0
 # WEFT_CHECK_QUICK=1 (CI's make distcheck and sanitizer builds, which run
 # after the whole of this in the plain build): one of each kind, a ring of
 # 4 hosts with 2 wires on 2 links (relays), hosts of two ranks
-# (hierarchical), and the fault cases around that ring and among hosts of
-# two ranks.
+# (hierarchical), the fault cases around that ring and among hosts of
+# two ranks, and the shrink around a ring of 4 hosts of two ranks.
 if [ "${WEFT_CHECK_QUICK-}" = 1 ]; then
     "$ringtest" -H 4 -L 2 -W 2
     st=$?
@@ -20,6 +20,7 @@ if [ "${WEFT_CHECK_QUICK-}" = 1 ]; then
     "$ringtest" -H 3 -R 2 || fail=1
     "$ringtest" -H 4 -L 2 -W 2 --mode faults || fail=1
     "$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1
+    "$ringtest" -H 4 -R 2 --mode shrink || fail=1
     exit $fail
 fi
 for h in 2 3 4; do
@@ -63,4 +64,8 @@ done
 "$ringtest" -H 3 -R 2 -L 2 -W 2 --mode faults || fail=1
 "$ringtest" -H 3 -R 2 -T ring --mode faults || fail=1
 "$ringtest" -H 3 -R 2 --mode faults --reads || fail=1
+# The shrink around a ring of 4 hosts of two ranks: host 2's ranks reach
+# the lowest rank through those of hosts 1 and 3, one of which leaves as
+# the shrink starts.
+"$ringtest" -H 4 -R 2 --mode shrink || fail=1
 exit $fail
