@@ -99,6 +99,7 @@ typedef struct {
     fwd *fw;           /* connections carried on for others */
     int nfw, cap, polled;
     unsigned turn;     /* rotates the ranks a connection goes through */
+    int serve;         /* takes requests at its port while following */
     int *dist;         /* hops from each host to the leader's */
     struct pollfd *pf; /* wait_io's */
     char *errmsg;
@@ -235,13 +236,18 @@ static int link_read(const agree *a, link_in *l)
     return 1;
 }
 
+/* How long a wait may sleep before it looks at the processes of this host
+ * again (check_pids): a rank that dies as the others start to agree is
+ * seen within this. */
+#define PIDS_EVERY_MS 5
+
 static int poll_ms(uint64_t until)
 {
     uint64_t now = weft__now_ms();
 
     if (now >= until)
         return 0;
-    return until - now > 50 ? 50 : (int)(until - now);
+    return until - now > PIDS_EVERY_MS ? PIDS_EVERY_MS : (int)(until - now);
 }
 
 /* ---- addresses ---- */
@@ -387,6 +393,24 @@ static int next_hop(agree *a, int L, unsigned turn, int *direct)
     return -1;
 }
 
+/* Whether some host joined to this one by a cable has none to rank L's
+ * and is farther from it: then its ranks may ask this one to carry their
+ * connections on, and this rank takes connections at its port while it
+ * follows L. Elsewhere it takes none: the new communicator's connections,
+ * from ranks that left the agreement first, wait for it. */
+static int may_forward(agree *a, int L)
+{
+    const weft__config *cfg = &a->c->cfg;
+    const int hm = cfg->rank_host[a->me], hl = cfg->rank_host[L];
+
+    hops_to(a, hl);
+    for (int h = 0; h < cfg->nhosts; h++)
+        if (h != hm && h != hl && !hosts_linked(cfg, h, hl) &&
+            hosts_linked(cfg, hm, h) && a->dist[hm] < a->dist[h])
+            return 1;
+    return 0;
+}
+
 /* Starts connecting to rank q, by the turn-th of the addresses that reach
  * it from this rank's host: the socket, or -1. */
 static int dial_rank(agree *a, int q, unsigned turn)
@@ -495,7 +519,10 @@ static void fwd_serve(agree *a, fwd *p, short rin, short rout)
         k = recv(p->in, p->buf + p->held, a->msg_bytes - p->held, MSG_DONTWAIT);
         if (k == 0 || (k < 0 && !again()))
             fwd_end(p);
-        else if (k > 0 && (p->held += (size_t)k) == a->msg_bytes)
+        else if (k > 0 && (p->held += (size_t)k) >= 4 &&
+                 weft__get_be32(p->buf) != MSG_MAGIC)
+            fwd_end(p); /* not the agreement's (a new communicator's) */
+        else if (k > 0 && p->held == a->msg_bytes)
             fwd_asked(a, p, p->buf);
         return;
     case P_DIAL:
@@ -828,6 +855,7 @@ static int follow(agree *a, int L, uint8_t *set)
 
     if (known == NULL)
         return FOLLOW_TIMEOUT;
+    a->serve = may_forward(a, L);
     while (weft__now_ms() < a->deadline) {
         link_in l = {.fd = -1, .rank = L};
         int welcomed = 0, decided = 0, k, from = -1, type, err = 0;
@@ -841,14 +869,15 @@ static int follow(agree *a, int L, uint8_t *set)
             break;
         }
         if (attempt++ > 0)
-            (void)wait_io(
-                a, -1, 0,
-                weft__now_ms() + (attempt <= FAST_TRIES ? 1u : RETRY_MS), 1);
+            (void)wait_io(a, -1, 0,
+                          weft__now_ms() +
+                              (attempt <= FAST_TRIES ? 1u : RETRY_MS),
+                          a->serve);
         hop = next_hop(a, L, (unsigned)attempt, &direct);
         if (hop < 0 || (l.fd = dial_rank(a, hop, (unsigned)attempt)) < 0)
             continue;
         while (ev == 0 && weft__now_ms() < a->deadline)
-            ev = wait_io(a, l.fd, POLLOUT, a->deadline, 1);
+            ev = wait_io(a, l.fd, POLLOUT, a->deadline, a->serve);
         if (!(ev & POLLOUT) ||
             getsockopt(l.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
             err != 0 || (!direct && msg_forward(a, l.fd, L) != 0) ||
@@ -877,7 +906,7 @@ static int follow(agree *a, int L, uint8_t *set)
                 k = -2;
                 break;
             }
-            if (wait_io(a, l.fd, POLLIN, until, 1) == 0) {
+            if (wait_io(a, l.fd, POLLIN, until, a->serve) == 0) {
                 check_pids(a);
                 if (a->dead[L]) {
                     k = -3;
@@ -915,6 +944,12 @@ static int follow(agree *a, int L, uint8_t *set)
             } else if (type == M_WELCOME)
                 welcomed = 1;
             else if (type == M_DECIDE) {
+                /* Every member has joined: no rank asks this one to
+                 * carry a connection on any more, and what arrives at
+                 * its port from now on is the new communicator's, which
+                 * must wait for it (the leader commits only once this
+                 * rank answered). */
+                a->serve = 0;
                 decided = 1;
                 memcpy(known, set, (size_t)a->n);
                 if (msg_send(a, l.fd, M_ACK, NULL) != 0) {
