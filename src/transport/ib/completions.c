@@ -345,8 +345,34 @@ static void left_check(ib_tp *tp)
     }
 }
 
-/* One pass that never blocks: completions, wires, the TCP side. */
-static int poll_once(ib_tp *tp)
+/* While spinning, the TCP side (a peer's close, a wake(), failover's
+ * messages) is looked at this often: a look costs system calls (an
+ * epoll_wait at least), as much as a small message takes. */
+#define IB_TCP_EVERY_NS 20000
+
+/* Whether a pass should look at the TCP side: always before a sleep and
+ * after one (tcp), where it carries relayed messages, while setting up or
+ * failing over, and once it failed (no system call then); else every
+ * IB_TCP_EVERY_NS, the clock read every 16th pass. */
+static int tcp_due(ib_tp *tp, int tcp)
+{
+    uint64_t now;
+
+    if (!(tcp || tp->tcp_data || !tp->ready || tp->fo_work ||
+          tp->tcp_err != 0 || tp->nleft > 0)) {
+        if ((++tp->passes & 15) != 0 ||
+            (now = weft__now_ns()) - tp->tcp_ns < IB_TCP_EVERY_NS)
+            return 0;
+        tp->tcp_ns = now;
+        return 1;
+    }
+    tp->tcp_ns = weft__now_ns();
+    return 1;
+}
+
+/* One pass that never blocks: completions, wires, the TCP side (where
+ * tcp, or where due). */
+static int poll_once(ib_tp *tp, int tcp)
 {
     unsigned ev = tp->events;
 
@@ -354,7 +380,7 @@ static int poll_once(ib_tp *tp)
     weft__ib_process_dirty(tp);
     if (tp->err != 0)
         return tp->err;
-    if (weft__ib_tcp_news(tp) != 0) {
+    if (tcp_due(tp, tcp) && weft__ib_tcp_news(tp) != 0) {
         /* A peer's connection closed. What it wrote before it completed
          * an operation was acknowledged before that completion, so its
          * completions are on the CQ by now, even where the poll above just
@@ -406,7 +432,7 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
     }
     /* Completions that arrived between the last poll and the arming raise
      * no event: look once more before sleeping. */
-    if ((rc = poll_once(tp)) != 0)
+    if ((rc = poll_once(tp, 1)) != 0)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;
@@ -459,7 +485,7 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
 /* poll_once, as weft__tp_spin calls it. */
 static int spin_pass(void *arg)
 {
-    return poll_once(arg);
+    return poll_once(arg, 0);
 }
 
 int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
@@ -472,7 +498,7 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
         return tp->err;
     if (tp->shut)
         return WEFT_EABORTED;
-    if ((rc = poll_once(tp)) != 0)
+    if ((rc = poll_once(tp, 0)) != 0)
         return rc;
     if (tp->events != ev)
         return WEFT_OK;
@@ -488,7 +514,7 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
             return WEFT_ETIMEDOUT;
         if ((rc = weft__ib_block(tp, deadline_ms)) != 0)
             return rc;
-        if ((rc = poll_once(tp)) != 0)
+        if ((rc = poll_once(tp, 1)) != 0)
             return rc;
         if (tp->events != ev) {
             weft__spin_slept(&tp->spin, weft__now_ns() - slept);

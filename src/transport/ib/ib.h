@@ -322,6 +322,12 @@ struct ib_tp {
     int nleft;         /* peers that said goodbye */
     int setup_pending; /* TCP frames of the set-up still in flight */
     unsigned events;
+    /* The TCP side is looked at on every pass where it carries relayed
+     * messages (a peer with no wires), else every IB_TCP_EVERY_NS while
+     * spinning (completions.c: tcp_due): a look costs system calls. */
+    int tcp_data;
+    unsigned passes;
+    uint64_t tcp_ns; /* the last look */
     weft__spin spin; /* WEFT_SPIN_US, adapted (transport/common.h) */
     ib_wire *dirty;
     /* Failover (failover.c): wires to stop or in their resume, messages

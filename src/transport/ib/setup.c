@@ -446,6 +446,9 @@ static int ib_create_guarded(ib_tp *tp)
     if ((rc = weft__ib_exchange(tp, deadline)) != 0)
         return rc;
     tp->setup_pending = 0;
+    for (int p = 0; p < tp->nranks; p++)
+        if (p != tp->rank && tp->peers[p].nwires == 0)
+            tp->tcp_data = 1; /* relayed over the TCP side */
     tp->ready = 1;
     if ((rc = weft__ib_fo_start(tp)) != 0)
         return rc;
