@@ -161,6 +161,8 @@ static int post_write(ib_wire *w, uint32_t slot, size_t len)
     wr.num_sge = 1;
     wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
     wr.send_flags = IBV_SEND_SIGNALED;
+    if (len <= w->max_inline)
+        wr.send_flags |= IBV_SEND_INLINE;
     wr.imm_data = htonl((uint32_t)len);
     wr.wr.rdma.remote_addr = w->raddr + off;
     wr.wr.rdma.rkey = w->rkey;

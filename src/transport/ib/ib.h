@@ -125,6 +125,9 @@ _Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES &&
                "a goodbye or a failover message fits in the buffer of the "
                "set-up message");
 #define CQ_BATCH 32
+/* Writes up to this long go inline where the device allows it (the
+ * frames of a small call: headers and a few bytes of data). */
+#define IB_INLINE_BYTES 256
 #define IB_PORT_DEFAULT 1
 /* The least QP timeout: 4.096 us * 2^14, 67 ms; rxe under TCG needs it.
  * With WEFT_WIRE_TIMEOUT_MS on, the timeout is the largest whose
@@ -219,6 +222,7 @@ typedef struct ib_wire {
      * wire apart (ignored). fo: FO_UP, or where the wire is in its
      * resume; epoch: queue pairs the wire has retired. */
     uint32_t qpn;
+    uint32_t max_inline; /* bytes a write may carry inline (its queue pair's) */
     int fo;
     int need_stop; /* failed while up: failover.c stops it */
     int init_down; /* its link's port was down at one end as the job

@@ -165,7 +165,16 @@ int weft__ib_qp_make(ib_tp *tp, ib_wire *w, ib_dev *d)
                              IBV_ACCESS_LOCAL_WRITE |
                                  IBV_ACCESS_REMOTE_WRITE)) == NULL)
         return reg_failed(tp, d, ring, errno);
-    if ((w->qp = ibv_create_qp(d->pd, &qia)) == NULL)
+    /* Small writes go inline (the bytes in the work request: the device
+     * reads no memory for them) where the device allows it; one that
+     * refuses inline data gets a queue pair without. */
+    qia.cap.max_inline_data = IB_INLINE_BYTES;
+    if ((w->qp = ibv_create_qp(d->pd, &qia)) == NULL) {
+        qia.cap.max_inline_data = 0;
+        w->qp = ibv_create_qp(d->pd, &qia);
+    }
+    w->max_inline = w->qp != NULL ? qia.cap.max_inline_data : 0;
+    if (w->qp == NULL)
         return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                           "rank %d: ibv_create_qp on RDMA device %s for "
                           "wire %d to peer %d: %s",
@@ -446,6 +455,13 @@ static int ib_create_guarded(ib_tp *tp)
     if ((rc = weft__ib_exchange(tp, deadline)) != 0)
         return rc;
     tp->setup_pending = 0;
+    for (int p = 0; p < tp->nranks; p++)
+        if (tp->peers[p].nwires > 0) {
+            weft__log(WEFT__LOG_INFO, tp->rank,
+                      "ibverbs: writes of up to %u bytes go inline",
+                      tp->peers[p].w[0].max_inline);
+            break;
+        }
     for (int p = 0; p < tp->nranks; p++)
         if (p != tp->rank && tp->peers[p].nwires == 0)
             tp->tcp_data = 1; /* relayed over the TCP side */
