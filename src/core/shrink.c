@@ -873,8 +873,10 @@ static int follow(agree *a, int L, uint8_t *set)
                           weft__now_ms() +
                               (attempt <= FAST_TRIES ? 1u : RETRY_MS),
                           a->serve);
-        hop = next_hop(a, L, (unsigned)attempt, &direct);
-        if (hop < 0 || (l.fd = dial_rank(a, hop, (unsigned)attempt)) < 0)
+        /* The first try goes by the lowest rank on the way, the next
+         * ones turn through the others. */
+        hop = next_hop(a, L, (unsigned)attempt - 1u, &direct);
+        if (hop < 0 || (l.fd = dial_rank(a, hop, (unsigned)attempt - 1u)) < 0)
             continue;
         while (ev == 0 && weft__now_ms() < a->deadline)
             ev = wait_io(a, l.fd, POLLOUT, a->deadline, a->serve);
