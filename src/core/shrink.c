@@ -477,11 +477,11 @@ static void fwd_asked(agree *a, fwd *p, const uint8_t *m)
     p->held = 0;
     p->state = P_DIAL;
     hop = next_hop(a, r, a->turn, &p->direct);
-    if (hop >= 0 && (p->out = dial_rank(a, hop, a->turn)) >= 0) {
-        a->turn++;
-        return;
-    }
+    if (hop >= 0)
+        p->out = dial_rank(a, hop, a->turn);
     a->turn++;
+    if (p->out >= 0)
+        return;
 end:
     fwd_end(p);
 }

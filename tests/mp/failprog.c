@@ -231,10 +231,9 @@ again:
 /* "shrink V [V2]": rank V exits (no finalize, as a killed process) after
  * a barrier, and rank V2 as the others start to shrink (after its
  * all_reduce failed); the others see their all_reduce fail, shrink, and
- * check an
- * all_reduce and a sendrecv ring on the ranks left: "shrunk <rank> of
- * <size> in <ms>" (ms from the failure to the first right all_reduce),
- * exit 0; or "FAILED ..." and exit 3. */
+ * check an all_reduce and a sendrecv ring on the ranks left: "shrunk
+ * <rank> of <size> in <ms>" (ms from the failure to the first right
+ * all_reduce), exit 0; or "FAILED ..." and exit 3. */
 static int shrink_mode(weft_comm *c, int victim, int victim2)
 {
     int n = weft_size(c), me = weft_rank(c), rc;

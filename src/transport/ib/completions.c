@@ -353,20 +353,19 @@ static void left_check(ib_tp *tp)
 /* Whether a pass should look at the TCP side: always before a sleep and
  * after one (tcp), where it carries relayed messages, while setting up or
  * failing over, and once it failed (no system call then); else every
- * IB_TCP_EVERY_NS, the clock read every 16th pass. */
+ * IB_TCP_EVERY_NS since the last such look, the clock read every 16th
+ * pass. */
 static int tcp_due(ib_tp *tp, int tcp)
 {
     uint64_t now;
 
-    if (!(tcp || tp->tcp_data || !tp->ready || tp->fo_work ||
-          tp->tcp_err != 0 || tp->nleft > 0)) {
-        if ((++tp->passes & 15) != 0 ||
-            (now = weft__now_ns()) - tp->tcp_ns < IB_TCP_EVERY_NS)
-            return 0;
-        tp->tcp_ns = now;
+    if (tcp || tp->tcp_data || !tp->ready || tp->fo_work || tp->tcp_err != 0 ||
+        tp->nleft > 0)
         return 1;
-    }
-    tp->tcp_ns = weft__now_ns();
+    if ((++tp->passes & 15) != 0 ||
+        (now = weft__now_ns()) - tp->tcp_ns < IB_TCP_EVERY_NS)
+        return 0;
+    tp->tcp_ns = now;
     return 1;
 }
 

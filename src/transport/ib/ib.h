@@ -331,7 +331,7 @@ struct ib_tp {
      * spinning (completions.c: tcp_due): a look costs system calls. */
     int tcp_data;
     unsigned passes;
-    uint64_t tcp_ns; /* the last look */
+    uint64_t tcp_ns; /* the last look of a spin's (tcp_due) */
     weft__spin spin; /* WEFT_SPIN_US, adapted (transport/common.h) */
     ib_wire *dirty;
     /* Failover (failover.c): wires to stop or in their resume, messages
