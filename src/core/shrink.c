@@ -93,6 +93,7 @@ typedef struct {
     size_t msg_bytes;  /* of every message */
     uint64_t key;      /* proves a message is of this job */
     uint8_t *dead;     /* ranks known dead (one byte per rank) */
+    uint8_t *nogo;     /* ranks on the way that refused to carry this one */
     uint8_t *req;      /* a request's set */
     uint64_t deadline; /* ranks not heard from by then are out */
     int lfd;           /* listening at this rank's port */
@@ -269,7 +270,7 @@ static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
     for (int l = 0; l < cfg->nlinks && n < max; l++) {
         const weft__link *lk = &cfg->links[l];
 
-        for (int e = 0; e < 2 && n < max; e++)
+        for (int e = 0; e < 2 && n < max && lk->nvia == 0; e++)
             if (lk->end[e].host == hq && lk->end[1 - e].host == hm)
                 snprintf(out[n++], 64, "%s", lk->end[e].addr);
     }
@@ -329,12 +330,27 @@ static int listen_at(const weft__config *cfg, int port)
 static int hosts_linked(const weft__config *cfg, int x, int y)
 {
     for (int l = 0; l < cfg->nlinks; l++)
-        if (weft__link_joins(&cfg->links[l], x, y))
+        if (weft__cable_joins(&cfg->links[l], x, y))
             return 1;
     return 0;
 }
 
-/* a->dist: each host's hops by cable from host hl (INT_MAX: none). */
+/* Whether some rank of host h is not known dead and did not refuse to
+ * carry this rank's connection on. */
+static int host_alive(const agree *a, int h)
+{
+    const weft__config *cfg = &a->c->cfg;
+
+    for (int r = 0; r < a->n; r++)
+        if (cfg->rank_host[r] == h && !a->dead[r] && !a->nogo[r])
+            return 1;
+    return 0;
+}
+
+/* a->dist: each host's hops by cable from host hl (INT_MAX: none),
+ * through hosts with a rank that may carry connections on (one whose
+ * ranks all died or refused carries nothing: the way round the other
+ * side of a ring is then the way). */
 static void hops_to(agree *a, int hl)
 {
     const weft__config *cfg = &a->c->cfg;
@@ -345,11 +361,12 @@ static void hops_to(agree *a, int hl)
     while (changed) {
         changed = 0;
         for (int l = 0; l < cfg->nlinks; l++)
-            for (int e = 0; e < 2; e++) {
+            for (int e = 0; e < 2 && cfg->links[l].nvia == 0; e++) {
                 int x = cfg->links[l].end[e].host;
                 int y = cfg->links[l].end[1 - e].host;
 
-                if (a->dist[x] != INT_MAX && a->dist[x] + 1 < a->dist[y]) {
+                if (a->dist[x] != INT_MAX && a->dist[x] + 1 < a->dist[y] &&
+                    host_alive(a, y)) {
                     a->dist[y] = a->dist[x] + 1;
                     changed = 1;
                 }
@@ -380,8 +397,8 @@ static int next_hop(agree *a, int L, unsigned turn, int *direct)
         for (int r = 0; r < a->n; r++) {
             int h = cfg->rank_host[r];
 
-            if (r == a->me || a->dead[r] || a->dist[h] >= a->dist[hm] ||
-                !hosts_linked(cfg, hm, h))
+            if (r == a->me || a->dead[r] || a->nogo[r] ||
+                a->dist[h] >= a->dist[hm] || !hosts_linked(cfg, hm, h))
                 continue;
             if (pass == 1 && k == (int)(turn % (unsigned)m))
                 return r;
@@ -393,20 +410,20 @@ static int next_hop(agree *a, int L, unsigned turn, int *direct)
     return -1;
 }
 
-/* Whether some host joined to this one by a cable has none to rank L's
- * and is farther from it: then its ranks may ask this one to carry their
- * connections on, and this rank takes connections at its port while it
- * follows L. Elsewhere it takes none: the new communicator's connections,
- * from ranks that left the agreement first, wait for it. */
+/* Whether some host joined to this one by a cable has none to rank L's:
+ * then its ranks may ask this one to carry their connections on (the
+ * nearer way round may have lost its hosts, which this rank may not
+ * know), and this rank takes connections at its port while it follows
+ * L. Elsewhere it takes none: the new communicator's connections, from
+ * ranks that left the agreement first, wait for it. */
 static int may_forward(agree *a, int L)
 {
     const weft__config *cfg = &a->c->cfg;
     const int hm = cfg->rank_host[a->me], hl = cfg->rank_host[L];
 
-    hops_to(a, hl);
     for (int h = 0; h < cfg->nhosts; h++)
         if (h != hm && h != hl && !hosts_linked(cfg, h, hl) &&
-            hosts_linked(cfg, hm, h) && a->dist[hm] < a->dist[h])
+            hosts_linked(cfg, hm, h))
             return 1;
     return 0;
 }
@@ -876,6 +893,11 @@ static int follow(agree *a, int L, uint8_t *set)
         /* The first try goes by the lowest rank on the way, the next
          * ones turn through the others. */
         hop = next_hop(a, L, (unsigned)attempt - 1u, &direct);
+        if (hop < 0 && memchr(a->nogo, 1, (size_t)a->n) != NULL) {
+            /* Every way refused: they may not have been listening yet. */
+            memset(a->nogo, 0, (size_t)a->n);
+            hop = next_hop(a, L, (unsigned)attempt - 1u, &direct);
+        }
         if (hop < 0 || (l.fd = dial_rank(a, hop, (unsigned)attempt - 1u)) < 0)
             continue;
         while (ev == 0 && weft__now_ms() < a->deadline)
@@ -889,6 +911,8 @@ static int follow(agree *a, int L, uint8_t *set)
              * on the way that refuses says nothing of L. */
             if (direct && (ev & POLLOUT) && err == ECONNREFUSED)
                 routed = 1, alive_seen = 0; /* what counts is the last */
+            else if (!direct && (ev & POLLOUT) && err == ECONNREFUSED)
+                a->nogo[hop] = 1;
             close(l.fd);
             continue;
         }
@@ -1180,6 +1204,7 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
         6);
     a.deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     a.dead = calloc((size_t)a.n, 1);
+    a.nogo = calloc((size_t)a.n, 1);
     a.req = calloc((size_t)a.n, 1);
     a.cap = 2 * a.n + 8;
     a.fw = calloc((size_t)a.cap, sizeof *a.fw);
@@ -1188,8 +1213,8 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
     set = calloc((size_t)a.n, 1);
     members = calloc((size_t)a.n, sizeof *members);
     rc = WEFT_ENOMEM;
-    if (a.dead == NULL || a.req == NULL || a.fw == NULL || a.pf == NULL ||
-        a.dist == NULL || set == NULL || members == NULL)
+    if (a.dead == NULL || a.nogo == NULL || a.req == NULL || a.fw == NULL ||
+        a.pf == NULL || a.dist == NULL || set == NULL || members == NULL)
         goto out;
     if (a.n > 1) {
         /* The port is free once c stopped listening; a moment may pass
@@ -1233,6 +1258,7 @@ out:
     free(a.dist);
     free(a.req);
     free(a.dead);
+    free(a.nogo);
     free(set);
     free(members);
     return rc;

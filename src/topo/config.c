@@ -485,12 +485,128 @@ int weft__config_rank_port(const weft__config *cfg, int r)
     return h->ports[r - h->first_rank];
 }
 
+/* The cables of out joining hosts a and b, in index order: how many
+ * (at most max into l). */
+static int cables(const weft__config *out, int a, int b, int *l, int max)
+{
+    int n = 0;
+
+    for (int i = 0; i < out->nlinks && n < max; i++)
+        if (weft__cable_joins(&out->links[i], a, b))
+            l[n++] = i;
+    return n;
+}
+
+/* Where no cable joins two hosts next in rank order (a ring of hosts that
+ * a host with no member left leaves a chain), the ring's step between them
+ * runs over a path through the hosts between: the fewest steps (every rank
+ * finds the same: hosts are tried in index order), and as many paths as
+ * the fewest cables of any step (the k-th takes the k-th cable of each),
+ * so that the pair has as many wires as over a cable and they fail over
+ * as wires do. Only the TCP transport runs paths. */
+static int add_paths(weft__config *out, char *errmsg, size_t errlen)
+{
+    const int nh = out->nhosts;
+    int *prev = malloc(sizeof *prev * (size_t)(nh > 0 ? nh : 1));
+    int *queue = malloc(sizeof *queue * (size_t)(nh > 0 ? nh : 1));
+    int rc = WEFT_OK;
+
+    if (prev == NULL || queue == NULL) {
+        rc = WEFT_ENOMEM;
+        snprintf(errmsg, errlen, "out of memory");
+    }
+    for (int h = 0; rc == WEFT_OK && nh > 1 && h < nh; h++) {
+        int next = (h + 1) % nh, qh = 0, qt = 0, steps[WEFT__MAX_VIA + 2];
+        int ns = 0, npaths = WEFT__MAX_WIRES, l[WEFT__MAX_WIRES];
+
+        if ((nh == 2 && h == 1) || cables(out, h, next, l, 1) > 0)
+            continue;
+        /* Breadth first from h over the cables. */
+        for (int x = 0; x < nh; x++)
+            prev[x] = -1;
+        prev[h] = h;
+        queue[qt++] = h;
+        while (qh < qt && prev[next] < 0) {
+            int x = queue[qh++];
+            for (int y = 0; y < nh; y++)
+                if (prev[y] < 0 && cables(out, x, y, l, 1) > 0) {
+                    prev[y] = x;
+                    queue[qt++] = y;
+                }
+        }
+        if (prev[next] < 0) {
+            snprintf(errmsg, errlen,
+                     "the hosts of the ranks left are cut in two: no cable "
+                     "or path of cables joins host %s to host %s",
+                     out->hosts[h].name, out->hosts[next].name);
+            rc = WEFT_ENOTSUP;
+            break;
+        }
+        for (int x = next; x != h; x = prev[x])
+            if (ns <= WEFT__MAX_VIA + 1)
+                steps[ns++] = x;
+        if (ns > WEFT__MAX_VIA + 1 || strcmp(out->transport, "tcp") != 0) {
+            snprintf(errmsg, errlen,
+                     "the hosts of the ranks left no longer form a ring of "
+                     "cables: no cable joins host %s to host %s, next in "
+                     "rank order, and %s",
+                     out->hosts[h].name, out->hosts[next].name,
+                     ns > WEFT__MAX_VIA + 1
+                         ? "the path between goes through more than "
+                           "6 hosts"
+                         : "only the TCP transport runs a ring's step over "
+                           "the hosts between");
+            rc = WEFT_ENOTSUP;
+            break;
+        }
+        /* steps[] runs from next back to the host after h. */
+        for (int i = 0, a = h; i < ns; i++) {
+            int b = steps[ns - 1 - i],
+                c = cables(out, a, b, l, WEFT__MAX_WIRES);
+            if (c < npaths)
+                npaths = c;
+            a = b;
+        }
+        {
+            weft__link *grown = realloc(
+                out->links, sizeof *grown * (size_t)(out->nlinks + npaths));
+            if (grown == NULL) {
+                snprintf(errmsg, errlen, "out of memory");
+                rc = WEFT_ENOMEM;
+                break;
+            }
+            out->links = grown;
+        }
+        for (int k = 0; k < npaths; k++) {
+            weft__link lk;
+
+            memset(&lk, 0, sizeof lk);
+            lk.end[0].host = h;
+            lk.end[1].host = next;
+            lk.nvia = ns - 1;
+            for (int i = 0, a = h; i < ns; i++) {
+                int b = steps[ns - 1 - i];
+                cables(out, a, b, l, WEFT__MAX_WIRES);
+                lk.hop[i] = l[k];
+                if (i < ns - 1)
+                    lk.via[i] = b;
+                a = b;
+            }
+            out->links[out->nlinks++] = lk;
+        }
+    }
+    free(prev);
+    free(queue);
+    return rc;
+}
+
 int weft__config_subset(const weft__config *old, const int *members, int n,
                         int rank, const int *ports, weft__config *out,
                         char *errmsg, size_t errlen)
 {
     weft__hostfile_out view;
     int *host_new = NULL; /* old host index -> new, or -1 */
+    int rc;
 
     memset(out, 0, sizeof *out);
     *out = *old;
@@ -547,31 +663,14 @@ int weft__config_subset(const weft__config *old, const int *members, int n,
         weft__link lk = old->links[l];
         int a = host_new[lk.end[0].host], b = host_new[lk.end[1].host];
 
-        if (a < 0 || b < 0)
-            continue;
+        if (a < 0 || b < 0 || lk.nvia > 0)
+            continue; /* paths are found anew below */
         lk.end[0].host = a;
         lk.end[1].host = b;
         out->links[out->nlinks++] = lk;
     }
     free(host_new);
-    /* Every transport runs a ring (or a mesh) of hosts: each host needs a
-     * cable to the next, in the new order. */
-    for (int h = 0; out->nhosts > 1 && h < out->nhosts; h++) {
-        int next = (h + 1) % out->nhosts, linked = 0;
-
-        for (int l = 0; l < out->nlinks && !linked; l++)
-            linked = weft__link_joins(&out->links[l], h, next);
-        if (!linked) {
-            snprintf(errmsg, errlen,
-                     "the hosts of the ranks left no longer form a ring of "
-                     "cables: no cable joins host %s to host %s, next in "
-                     "rank order (weft runs rings and meshes of hosts, not "
-                     "chains)",
-                     out->hosts[h].name, out->hosts[next].name);
-            weft__config_free(out);
-            return WEFT_ENOTSUP;
-        }
-    }
+    /* Ring or mesh by the cables alone (a path is no cable for a mesh). */
     memset(&view, 0, sizeof view);
     view.nranks = n;
     view.nhosts = out->nhosts;
@@ -579,6 +678,10 @@ int weft__config_subset(const weft__config *old, const int *members, int n,
     view.nlinks = out->nlinks;
     view.links = out->links;
     out->mesh = weft__hostfile_mesh(&view, out->topology, NULL, 0);
+    if (!out->mesh && (rc = add_paths(out, errmsg, errlen)) != WEFT_OK) {
+        weft__config_free(out);
+        return rc;
+    }
     sizes(out);
     out->hier_local = weft__hier_local(out);
     return WEFT_OK;

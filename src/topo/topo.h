@@ -141,9 +141,22 @@ typedef struct {
     char device[64]; /* RDMA device name, "" if none */
 } weft__link_end;
 
-/* A link is one cable between two hosts. */
+/* The most hosts a path between two hosts goes through (below). */
+#define WEFT__MAX_VIA 6
+
+/* A link is one cable between two hosts; or, in a communicator shrunk or
+ * split from a ring of hosts whose hosts left form a chain (no cable
+ * joins two hosts next in rank order), a path (nvia > 0) through the
+ * hosts between: via[] from end[0]'s side, and the cable of each step,
+ * hop[0] from end[0]'s host to via[0], ..., hop[nvia] from via[nvia-1]
+ * to end[1]'s. Only the TCP transport runs wires over a path: each is a
+ * connection carried on by the first rank of each host between
+ * (transport/tcp/splice.c); its ends' addresses are "". */
 typedef struct {
     weft__link_end end[2];
+    int nvia;
+    int via[WEFT__MAX_VIA];
+    int hop[WEFT__MAX_VIA + 1];
 } weft__link;
 
 typedef struct {
@@ -203,11 +216,18 @@ typedef struct weft__config {
     int *rank_host; /* nranks entries: host index of each rank */
 } weft__config;
 
-/* 1 when cable lk joins hosts ha and hb (either way round). */
+/* 1 when link lk (a cable, or a path through other hosts) joins hosts ha
+ * and hb (either way round). */
 static inline int weft__link_joins(const weft__link *lk, int ha, int hb)
 {
     return (lk->end[0].host == ha && lk->end[1].host == hb) ||
            (lk->end[0].host == hb && lk->end[1].host == ha);
+}
+
+/* 1 when lk is a cable that joins hosts ha and hb. */
+static inline int weft__cable_joins(const weft__link *lk, int ha, int hb)
+{
+    return lk->nvia == 0 && weft__link_joins(lk, ha, hb);
 }
 
 /* Reads the configuration: from uc's set fields (weft_init_config) and,

@@ -239,7 +239,7 @@ static int shrink_mode(weft_comm *c, int victim, int victim2)
     int n = weft_size(c), me = weft_rank(c), rc;
     float v[4096];
     weft_comm *s = NULL;
-    double t0;
+    double t0, took;
 
     if (weft_barrier(c) != WEFT_OK) {
         printf("FAILED barrier: %s\n", weft_last_error(c));
@@ -283,6 +283,29 @@ static int shrink_mode(weft_comm *c, int victim, int victim2)
             rc = WEFT_EINVAL;
         }
     }
+    took = now_ms() - t0;
+    /* Bigger: many frames on every wire (around a ring of hosts left a
+     * chain, the step between its ends runs through the hosts between). */
+    if (rc == WEFT_OK) {
+        enum { BIG = 1 << 20 };
+        float *w = malloc(sizeof *w * BIG);
+        int org = weft_comm_origin_rank(s, weft_rank(s)), sum = 0;
+
+        for (int r = 0; r < weft_size(s); r++)
+            sum += weft_comm_origin_rank(s, r);
+        for (int k = 0; w != NULL && k < BIG; k++)
+            w[k] = (float)((k % 7) * (org + 1));
+        rc = w == NULL ? WEFT_ENOMEM
+                       : weft_all_reduce(s, w, w, BIG, WEFT_FLOAT32, WEFT_SUM);
+        for (int k = 0; rc == WEFT_OK && k < BIG; k++)
+            if (w[k] != (float)((k % 7) * (sum + weft_size(s)))) {
+                printf("FAILED: 4 MiB all_reduce on the shrunk communicator: "
+                       "[%d] = %g, want %g\n",
+                       k, w[k], (double)((k % 7) * (sum + weft_size(s))));
+                rc = WEFT_EINVAL;
+            }
+        free(w);
+    }
     /* A ring of send/recv (a survivor alone has no peer to send to). */
     if (rc == WEFT_OK && weft_size(s) > 1) {
         int m = weft_size(s), r = weft_rank(s), got = -1;
@@ -306,8 +329,7 @@ static int shrink_mode(weft_comm *c, int victim, int victim2)
         weft_finalize(c);
         return 3;
     }
-    printf("shrunk %d of %d in %.1f ms\n", weft_rank(s), weft_size(s),
-           now_ms() - t0);
+    printf("shrunk %d of %d in %.1f ms\n", weft_rank(s), weft_size(s), took);
     weft_finalize(s);
     weft_finalize(c);
     return 0;

@@ -66,6 +66,10 @@ done
 "$ringtest" -H 3 -R 2 --mode faults --reads || fail=1
 # The shrink around a ring of 4 hosts of two ranks: host 2's ranks reach
 # the lowest rank through those of hosts 1 and 3, one of which leaves as
-# the shrink starts.
+# the shrink starts; then the last host lost, which leaves a chain.
 "$ringtest" -H 4 -R 2 --mode shrink || fail=1
+# ... and around a ring of 5 hosts, the last lost: host 3 reaches the
+# lowest rank through hosts 2 and 1, and the chain's step from host 3 to
+# host 0 runs through both.
+"$ringtest" -H 5 --mode shrink || fail=1
 exit $fail

@@ -32,7 +32,6 @@ struct plan {
     unsigned second;  /* SIGKILLed just before calling weft_comm_shrink */
     unsigned later;   /* SIGKILLed after the first shrink (point 3) */
     int healthy;      /* nobody lost: every rank shrinks at once */
-    int refused;      /* the shrink is WEFT_ENOTSUP (no ring of cables) */
 };
 
 struct shrink_shm {
@@ -159,7 +158,6 @@ static int until_failed(weft_comm *c)
     return 1;
 }
 
-static int plan_refused; /* this job's plan says refused */
 
 /* Shrinks c, checks the result against the ranks left (origin ranks,
  * gone: every rank lost so far); *out gets it. */
@@ -173,14 +171,6 @@ static int shrink_checked(weft_comm *c, int nranks, unsigned gone,
     int self = weft_comm_origin_rank(c, weft_rank(c));
 
     sh->ms[self] = mp_now_ms() - t0;
-    if (plan_refused) {
-        if (rc == WEFT_ENOTSUP && *out == NULL &&
-            strstr(weft_last_error(NULL), "no longer form a ring") != NULL)
-            return 0;
-        mp_log("weft_comm_shrink: %s (%s), want WEFT_ENOTSUP",
-               weft_strerror(rc), weft_last_error(NULL));
-        return 1;
-    }
     if (rc != WEFT_OK) {
         mp_log("weft_comm_shrink: %s: %s", weft_strerror(rc),
                weft_last_error(NULL));
@@ -249,7 +239,6 @@ static int shrink_rank(int rank, int nranks, void *arg)
 
     int fds = count_fds();
 
-    plan_refused = p->refused;
     if (mp_init(&c, rank, nranks) != WEFT_OK)
         return 1;
     if ((p->killed | p->stopped) & (1u << rank))
@@ -324,10 +313,11 @@ Test(shrink, hosts_pairs, .timeout = 60)
 }
 
 /* One rank per host in a ring of 4 hosts: a host lost leaves a chain,
- * which weft does not run: every survivor is told so, at once. */
+ * whose step from host 1 to host 3 runs through host 0; then host 3 is
+ * lost too, and the two left shrink again (over their cable). */
 Test(shrink, ring_host_lost, .timeout = 60)
 {
-    struct plan p = {.killed = 1u << 2, .refused = 1};
+    struct plan p = {.killed = 1u << 2, .later = 1u << 3};
     run_layout(4, &p, 1, MP_LAYOUT_RING, "a ring of 4 hosts, host 2 lost");
 }
 

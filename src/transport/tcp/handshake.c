@@ -29,6 +29,7 @@ static conn *conn_new(tcp_tp *tp)
     k->peer = -1;
     k->wire = -1;
     k->via_link = -1;
+    k->route = -1;
     if (uv_tcp_init(&tp->loop, &k->h) != 0) {
         free(k);
         return NULL;
@@ -471,6 +472,14 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
     k->hgot += (size_t)nread;
     if (k->state == CONN_HELLO_WAIT) {
+        /* A wire over a path through this rank's host: carried on. */
+        if (k->hgot >= 4 && weft__get_be32(k->hbuf) == SPLICE_MAGIC) {
+            if (k->hgot >= SPLICE_BYTES) {
+                pending_remove(tp, k);
+                weft__tcp_splice_take(k);
+            }
+            return;
+        }
         /* Reject garbage as soon as its first word shows it. */
         if (k->hgot >= 4 && weft__get_be32(k->hbuf) != HELLO_MAGIC)
             return reject(k, "not a weft hello (bad magic)");
@@ -600,13 +609,15 @@ static void connect_cb(uv_connect_t *req, int status)
     conn *k = req->data;
     tcp_tp *tp = k->tp;
     slot *s = &tp->peers[k->peer].s[k->wire];
-    uv_buf_t b;
+    uv_buf_t b[2];
+    char addr[64];
+    int port, nb = 0;
 
     if (k->closing || tp->shut)
         return;
-    if (status < 0 && k->resume && status == UV_ECONNREFUSED) {
+    if (status < 0 && k->resume && status == UV_ECONNREFUSED && k->route < 0) {
         /* The peer listens for as long as its communicator lives: it is
-         * gone. */
+         * gone. (Over a path, the refusal is the host between's.) */
         tp->lost_peer = k->peer;
         weft__tcp_fail(tp, WEFT_EPEER,
                        "rank %d: wire %d to peer %d lost its link, and "
@@ -633,7 +644,17 @@ static void connect_cb(uv_connect_t *req, int status)
                        HELLO_RESUME | (k->resume == 2 ? HELLO_MOVE : 0));
         weft__put_be64(k->out + HELLO_FLAGS_AT + 4, s->c->rx_pos);
     }
-    b = uv_buf_init((char *)k->out, HELLO_BYTES);
+    /* Over a path: the splice request goes first, the hello right
+     * after it (the hosts between carry both on). */
+    if (k->route >= 0) {
+        if (weft__tcp_splice_request(tp, k->peer, (uint32_t)k->route, k->sreq,
+                                     addr, sizeof addr, &port) != 0) {
+            retry_later(k, "no path to the peer");
+            return;
+        }
+        b[nb++] = uv_buf_init((char *)k->sreq, SPLICE_BYTES);
+    }
+    b[nb++] = uv_buf_init((char *)k->out, HELLO_BYTES);
     k->hreq.data = k;
     k->state = CONN_REPLY_WAIT;
     /* A wire waits while it is resumed: not longer than the wire timeout
@@ -643,16 +664,19 @@ static void connect_cb(uv_connect_t *req, int status)
                                   tp->cfg->wire_timeout_ms < HANDSHAKE_MS
                               ? (uint64_t)tp->cfg->wire_timeout_ms
                               : HANDSHAKE_MS);
-    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, b, (unsigned)nb,
                         hello_write_cb) != 0 ||
         uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
         retry_later(k, "cannot send the hello");
 }
 
-void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
-                    int resume)
+void weft__tcp_dial(tcp_tp *tp, int p, int w, const slot *path, int resume)
 {
     slot *s = &tp->peers[p].s[w];
+    const char *addr = path->addr;
+    const int port = path->port;
+    /* A relay connection runs on its neighbour's first wire's link. */
+    const uint32_t link = path->relay ? tp->peers[p].s[0].link : path->link;
     struct sockaddr_in sa;
     conn *k;
 
@@ -669,6 +693,8 @@ void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
     k->peer = p;
     k->wire = w;
     k->resume = resume;
+    if (link < (uint32_t)tp->cfg->nlinks && tp->cfg->links[link].nvia > 0)
+        k->route = (int)link;
     k->state = CONN_CONNECTING;
     /* A resume or a move gives a link that does not answer a second
      * (resume.c), then tries again. */
@@ -730,8 +756,9 @@ void weft__tcp_nudge(tcp_tp *tp, int p, int w)
         if (o->c == NULL || o->c->state != CONN_UP || o->c->paused)
             continue;
         on = o->c->via_link >= 0 ? (uint32_t)o->c->via_link : o->link;
-        if (on == lost || on >= (uint32_t)cfg->nlinks)
-            continue; /* loopback too */
+        if (on == lost || on >= (uint32_t)cfg->nlinks ||
+            cfg->links[on].nvia > 0)
+            continue; /* loopback too, and paths (no address of the peer) */
         lk = &cfg->links[on];
         addr = lk->end[lk->end[0].host == cfg->rank_host[p] ? 0 : 1].addr;
     }
@@ -802,10 +829,10 @@ static void start_connect(tcp_tp *tp, int p, int w)
                       "within %d ms; made over %s instead, until it does",
                       w, p, s->addr, tp->cfg->wire_timeout_ms, via->addr);
         s->alt_link = (int)via->link;
-        weft__tcp_dial(tp, p, w, via->addr, via->port, 0);
+        weft__tcp_dial(tp, p, w, via, 0);
         return;
     }
-    weft__tcp_dial(tp, p, w, s->addr, s->port, 0);
+    weft__tcp_dial(tp, p, w, s, 0);
 }
 
 void weft__tcp_housekeep_cb(uv_timer_t *t)

@@ -397,7 +397,7 @@ static void start_resume(tcp_tp *tp, int p, int w)
             heard = o->c->rx_ms;
         }
     }
-    weft__tcp_dial(tp, p, w, via->addr, via->port, 1);
+    weft__tcp_dial(tp, p, w, via, 1);
     if (s->resuming != NULL)
         s->resuming->via_link = (int)via->link;
 }
@@ -429,7 +429,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
                                           "its link is still down");
                 if (s->resuming == NULL && now >= s->next_move_ms) {
                     s->next_move_ms = now + 1000;
-                    weft__tcp_dial(tp, p, w, s->addr, s->port, 2);
+                    weft__tcp_dial(tp, p, w, s, 2);
                     if (s->resuming != NULL)
                         s->resuming->via_link = home_link(tp, p, s);
                 }

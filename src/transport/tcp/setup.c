@@ -135,9 +135,21 @@ static int plan_slots(tcp_tp *tp, int W, int W_local)
         }
         for (int w = 0; w < n; w++) {
             slot *s = &tp->peers[p].s[w];
+            const uint32_t l = s->relay ? tp->peers[p].s[0].link : s->link;
+            uint8_t req[SPLICE_BYTES];
+
             s->outgoing = tp->rank > p;
             s->port = weft__config_rank_port(cfg, lo);
             s->alt_link = -1;
+            /* Over a path: dialled at the first host between (splice.c). */
+            if (s->outgoing && l < (uint32_t)cfg->nlinks &&
+                cfg->links[l].nvia > 0 &&
+                weft__tcp_splice_request(tp, p, l, req, s->addr, sizeof s->addr,
+                                         &s->port) != 0)
+                return weft__fail(tp->sink, WEFT_ECONFIG,
+                                  "rank %d: link %u to peer %d is no path "
+                                  "between their hosts",
+                                  tp->rank, (unsigned)l, p);
         }
     }
     return WEFT_OK;
@@ -225,6 +237,9 @@ static void tcp_destroy(weft__tp *t)
 
     if (tp == NULL)
         return;
+    /* Connections this rank carries on for others, until their ends are
+     * done with them (splice.c). */
+    weft__tcp_splice_stop(tp);
     if (tp->handles) {
         weft__sigpipe_block(&sp);
         tcp_shutdown(t);

@@ -100,6 +100,15 @@
 #define RELAY_HDR 24
 #define RELAY_CHUNK (256 * 1024)
 #define HANDSHAKE_MS 5000
+/* A wire over a path through other hosts (weft__link.nvia > 0) opens at
+ * the first rank of the first host between with a splice request, before
+ * its hello: magic, the number of steps left (1 .. WEFT__MAX_VIA + 1),
+ * the job token, then each step as (rank, cable): connect to that rank's
+ * port at its host's end of that cable. The rank carries the connection on
+ * (splice.c), with the rest of the request where steps are left; the
+ * hello and everything after pass through unchanged. */
+#define SPLICE_MAGIC 0x50534657u /* "WFSP" */
+#define SPLICE_BYTES (24 + 8 * (WEFT__MAX_VIA + 1))
 #define RX_CAP (256 * 1024)       /* read-ahead per connection */
 #define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
 #define RETRY_MS 25
@@ -155,6 +164,8 @@ typedef struct conn {
     int moving;     /* paused to move back to its link, not lost */
     int peer_knows; /* paused at the peer's word: no need to tell it */
     int via_link;   /* the link it runs over (-1: not known here) */
+    int route;      /* dialled over a path: its link index, else -1 */
+    uint8_t sreq[SPLICE_BYTES]; /* the splice request that opens it */
     uint64_t resume_pos;
     struct conn *successor;
     char why[160];
@@ -319,10 +330,11 @@ struct tcp_tp {
      * data between ranks of a host (WEFT_SHM; then loopback connections
      * are for set-up and liveness only). */
     uint32_t wires, shm;
-    int uv_writes;   /* libuv write requests whose callback has not run */
-    tcp_tx *tx;      /* the sending thread, once started (tx.c) */
-    int tx_failed;   /* it could not start, or stopped: not again */
-    weft__spin spin; /* poll before sleeping (transport/common.h) */
+    int uv_writes; /* libuv write requests whose callback has not run */
+    tcp_tx *tx;    /* the sending thread, once started (tx.c) */
+    struct tcp_splice *splice; /* connections carried on, once one is */
+    int tx_failed;             /* it could not start, or stopped: not again */
+    weft__spin spin;           /* poll before sleeping (transport/common.h) */
 };
 
 /* ---- what one file calls in another ---- */
@@ -407,10 +419,10 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now);
  * the watch of interfaces that pauses a wire whose interface goes down
  * (or loses its carrier) at once, rather than at the user timeout. */
 int weft__tcp_resume_init(tcp_tp *tp);
-/* handshake.c: connects to peer p's addr:port for wire w (resume: to
- * resume it); closes k and tries again later; (re)starts housekeeping. */
-void weft__tcp_dial(tcp_tp *tp, int p, int w, const char *addr, int port,
-                    int resume);
+/* handshake.c: connects to peer p for wire w over path's link (path: w's
+ * slot or another of p's; resume: to resume it); closes k and tries again
+ * later; (re)starts housekeeping. */
+void weft__tcp_dial(tcp_tp *tp, int p, int w, const slot *path, int resume);
 void weft__tcp_retry_later(conn *k, const char *why);
 /* Tells peer p, over another link, that this end (the listening one) of
  * wire w lost its link (HELLO_NUDGE): the peer dials to resume it. */
@@ -426,6 +438,19 @@ int weft__tcp_tell_done(const tcp_tp *tp);
 /* k, up, ended (k->rx_end) before this rank's set-up ended: the job fails,
  * with the peer's notice where it sent one. */
 void weft__tcp_setup_closed(conn *k);
+
+/* splice.c: k, accepted, opened with a splice request (k->hbuf, k->hgot
+ * bytes read): checked, and its socket handed to the thread that carries
+ * it on (k is closed either way). Stopping waits until every connection
+ * carried on was closed by its ends, or nothing moved on any for the wire
+ * timeout (2 s where none is set). */
+void weft__tcp_splice_take(conn *k);
+void weft__tcp_splice_stop(tcp_tp *tp);
+/* The splice request for a wire to peer p over path link l, from this
+ * rank: written to out (SPLICE_BYTES); the first step's address and port
+ * to addr and port. 0, or -1 where l is no path between the two hosts. */
+int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out,
+                             char *addr, size_t addrlen, int *port);
 
 /* relay.c: a relay connection's reads, what progress() hands over (chunks
  * passing through, chunks kept for posted receives), and the entries of
