@@ -228,13 +228,59 @@ again:
     return bad ? 3 : 0;
 }
 
-/* "shrink V [V2]": rank V exits (no finalize, as a killed process) after
+/* "shrinkrun V S": as "shrink V", then all_reduces (checked) on the
+ * shrunk communicator for S seconds: "ran N all_reduces ...".
+ *
+ * "shrink V [V2]": rank V exits (no finalize, as a killed process) after
  * a barrier, and rank V2 as the others start to shrink (after its
  * all_reduce failed); the others see their all_reduce fail, shrink, and
  * check an all_reduce and a sendrecv ring on the ranks left: "shrunk
  * <rank> of <size> in <ms>" (ms from the failure to the first right
  * all_reduce), exit 0; or "FAILED ..." and exit 3. */
-static int shrink_mode(weft_comm *c, int victim, int victim2)
+/* all_reduces of 256 KiB and 4 MiB on s, checked, for run_s seconds:
+ * WEFT_OK or the failure (said). */
+static int shrink_run(weft_comm *s, double run_s)
+{
+    enum { BIG = 1 << 20 };
+    float *w = malloc(sizeof *w * BIG);
+    int org = weft_comm_origin_rank(s, weft_rank(s)), sum = 0, calls = 0;
+    int rc = w == NULL ? WEFT_ENOMEM : WEFT_OK;
+    const double t0 = now_ms();
+
+    for (int r = 0; r < weft_size(s); r++)
+        sum += weft_comm_origin_rank(s, r) + 1;
+    for (;;) {
+        size_t n = calls % 2 ? BIG : BIG / 16;
+        int32_t done = now_ms() - t0 >= run_s * 1000;
+
+        /* Every rank stops after the same call. */
+        if (rc == WEFT_OK)
+            rc = weft_all_reduce(s, &done, &done, 1, WEFT_INT32, WEFT_MAX);
+        if (rc != WEFT_OK || done)
+            break;
+        for (size_t k = 0; k < n; k++)
+            w[k] = (float)((k + (size_t)calls) % 5 * (size_t)(org + 1));
+        rc = weft_all_reduce(s, w, w, n, WEFT_FLOAT32, WEFT_SUM);
+        for (size_t k = 0; rc == WEFT_OK && k < n; k++)
+            if (w[k] != (float)((k + (size_t)calls) % 5 * (size_t)sum)) {
+                printf("FAILED: all_reduce %d on the shrunk communicator: "
+                       "[%zu] = %g\n",
+                       calls, k, w[k]);
+                rc = WEFT_EINVAL;
+            }
+        calls++;
+    }
+    if (rc != WEFT_OK && rc != WEFT_EINVAL)
+        printf("FAILED: all_reduce %d on the shrunk communicator: %s\n", calls,
+               weft_last_error(s));
+    else if (rc == WEFT_OK)
+        printf("ran %d all_reduces on the shrunk communicator, checked\n",
+               calls);
+    free(w);
+    return rc;
+}
+
+static int shrink_mode(weft_comm *c, int victim, int victim2, double run_s)
 {
     int n = weft_size(c), me = weft_rank(c), rc;
     float v[4096];
@@ -330,6 +376,12 @@ static int shrink_mode(weft_comm *c, int victim, int victim2)
         return 3;
     }
     printf("shrunk %d of %d in %.1f ms\n", weft_rank(s), weft_size(s), took);
+    fflush(stdout);
+    if (run_s > 0 && shrink_run(s, run_s) != WEFT_OK) {
+        weft_finalize(s);
+        weft_finalize(c);
+        return 3;
+    }
     weft_finalize(s);
     weft_finalize(c);
     return 0;
@@ -353,7 +405,9 @@ int main(int argc, char **argv)
     if (strcmp(mode, "pairs") == 0)
         return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
     if (strcmp(mode, "shrink") == 0)
-        return shrink_mode(c, victim, argc > 3 ? atoi(argv[3]) : -1);
+        return shrink_mode(c, victim, argc > 3 ? atoi(argv[3]) : -1, 0);
+    if (strcmp(mode, "shrinkrun") == 0)
+        return shrink_mode(c, victim, -1, argc > 3 ? atof(argv[3]) : 5);
     if (strcmp(mode, "loop") == 0)
         return loop_mode(c, argc > 2 ? atoi(argv[2]) : 10,
                          argc > 3 ? atoi(argv[3]) : 65536,

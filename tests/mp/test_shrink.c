@@ -158,7 +158,6 @@ static int until_failed(weft_comm *c)
     return 1;
 }
 
-
 /* Shrinks c, checks the result against the ranks left (origin ranks,
  * gone: every rank lost so far); *out gets it. */
 static int shrink_checked(weft_comm *c, int nranks, unsigned gone,

@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 
 static void tell_on(conn *k, slot *s);
+static void send_hello(conn *k);
 
 static conn *conn_new(tcp_tp *tp)
 {
@@ -240,9 +241,10 @@ static void reject(conn *k, const char *why)
 static void hs_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     conn *k = h->data;
-    size_t want = k->state == CONN_HELLO_WAIT ? HELLO_BYTES
-                  : k->state == CONN_ACK_WAIT ? ACK_BYTES
-                                              : REPLY_BYTES;
+    size_t want = k->state == CONN_HELLO_WAIT    ? HELLO_BYTES
+                  : k->state == CONN_ACK_WAIT    ? ACK_BYTES
+                  : k->state == CONN_SPLICE_WAIT ? SPLICE_OK_BYTES
+                                                 : REPLY_BYTES;
 
     (void)suggested;
     /* Exactly the handshake: bytes after it belong to the data path. */
@@ -471,6 +473,18 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     k->hgot += (size_t)nread;
+    if (k->state == CONN_SPLICE_WAIT) {
+        if (k->hgot < SPLICE_OK_BYTES)
+            return;
+        uv_read_stop(st);
+        k->hgot = 0;
+        if (weft__get_be32(k->hbuf) != SPLICE_OK) {
+            retry_later(k, "not a weft splice answer");
+            return;
+        }
+        send_hello(k);
+        return;
+    }
     if (k->state == CONN_HELLO_WAIT) {
         /* A wire over a path through this rank's host: carried on. */
         if (k->hgot >= 4 && weft__get_be32(k->hbuf) == SPLICE_MAGIC) {
@@ -587,6 +601,16 @@ void weft__tcp_on_connection(uv_stream_t *server, int status)
     housekeep_start(tp);
 }
 
+/* How long a dialled connection waits for an answer: while a wire is
+ * resumed, not longer than the wire timeout (then over another link). */
+static uint64_t answer_ms(const conn *k)
+{
+    const int wt = k->tp->cfg->wire_timeout_ms;
+
+    return k->resume && wt > 0 && wt < HANDSHAKE_MS ? (uint64_t)wt
+                                                    : HANDSHAKE_MS;
+}
+
 static void hello_write_cb(uv_write_t *req, int status)
 {
     conn *k = req->data;
@@ -604,14 +628,53 @@ static void hello_write_cb(uv_write_t *req, int status)
         retry_later(k, uv_strerror(status));
 }
 
+/* The hello of k, connected (over a path: the path answered). */
+static void send_hello(conn *k)
+{
+    tcp_tp *tp = k->tp;
+    slot *s = &tp->peers[k->peer].s[k->wire];
+    uv_buf_t b;
+
+    k->telling = tp->telling;
+    if (k->resume == 2 && (s->c == NULL || !weft__tcp_pause_to_move(s->c))) {
+        /* The wire is busy resuming, or gone: no move now. */
+        retry_later(k, "its wire cannot move now");
+        return;
+    }
+    hello_pack(tp, k->out, k->peer, s);
+    if (k->resume) {
+        /* It names the wire it resumes and says how far this side read. */
+        weft__put_be32(k->out + HELLO_FLAGS_AT,
+                       HELLO_RESUME | (k->resume == 2 ? HELLO_MOVE : 0));
+        weft__put_be64(k->out + HELLO_FLAGS_AT + 4, s->c->rx_pos);
+    }
+    b = uv_buf_init((char *)k->out, HELLO_BYTES);
+    k->hreq.data = k;
+    k->state = CONN_REPLY_WAIT;
+    k->deadline_ms = weft__now_ms() + answer_ms(k);
+    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, &b, 1,
+                        hello_write_cb) != 0 ||
+        uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
+        retry_later(k, "cannot send the hello");
+}
+
+static void splice_write_cb(uv_write_t *req, int status)
+{
+    conn *k = req->data;
+
+    weft__tcp_write_done(k->tp);
+    if (status < 0 && !k->closing && !k->tp->shut &&
+        k->state == CONN_SPLICE_WAIT)
+        retry_later(k, uv_strerror(status));
+}
+
 static void connect_cb(uv_connect_t *req, int status)
 {
     conn *k = req->data;
     tcp_tp *tp = k->tp;
-    slot *s = &tp->peers[k->peer].s[k->wire];
-    uv_buf_t b[2];
+    uv_buf_t b;
     char addr[64];
-    int port, nb = 0;
+    int port;
 
     if (k->closing || tp->shut)
         return;
@@ -631,43 +694,26 @@ static void connect_cb(uv_connect_t *req, int status)
         return;
     }
     tune_socket(k);
-    k->telling = tp->telling;
-    if (k->resume == 2 && (s->c == NULL || !weft__tcp_pause_to_move(s->c))) {
-        /* The wire is busy resuming, or gone: no move now. */
-        retry_later(k, "its wire cannot move now");
+    if (k->route < 0) {
+        send_hello(k);
         return;
     }
-    hello_pack(tp, k->out, k->peer, s);
-    if (k->resume) {
-        /* It names the wire it resumes and says how far this side read. */
-        weft__put_be32(k->out + HELLO_FLAGS_AT,
-                       HELLO_RESUME | (k->resume == 2 ? HELLO_MOVE : 0));
-        weft__put_be64(k->out + HELLO_FLAGS_AT + 4, s->c->rx_pos);
+    /* Over a path: the splice request, then its answer (the hosts between
+     * reached the peer's), then the hello. */
+    if (weft__tcp_splice_request(tp, k->peer, (uint32_t)k->route, k->sreq, addr,
+                                 sizeof addr, &port) != 0) {
+        retry_later(k, "no path to the peer");
+        return;
     }
-    /* Over a path: the splice request goes first, the hello right
-     * after it (the hosts between carry both on). */
-    if (k->route >= 0) {
-        if (weft__tcp_splice_request(tp, k->peer, (uint32_t)k->route, k->sreq,
-                                     addr, sizeof addr, &port) != 0) {
-            retry_later(k, "no path to the peer");
-            return;
-        }
-        b[nb++] = uv_buf_init((char *)k->sreq, SPLICE_BYTES);
-    }
-    b[nb++] = uv_buf_init((char *)k->out, HELLO_BYTES);
-    k->hreq.data = k;
-    k->state = CONN_REPLY_WAIT;
-    /* A wire waits while it is resumed: not longer than the wire timeout
-     * for an answer (then over another link). */
-    k->deadline_ms =
-        weft__now_ms() + (k->resume && tp->cfg->wire_timeout_ms > 0 &&
-                                  tp->cfg->wire_timeout_ms < HANDSHAKE_MS
-                              ? (uint64_t)tp->cfg->wire_timeout_ms
-                              : HANDSHAKE_MS);
-    if (weft__tcp_write(tp, &k->hreq, (uv_stream_t *)&k->h, b, (unsigned)nb,
-                        hello_write_cb) != 0 ||
+    b = uv_buf_init((char *)k->sreq, SPLICE_BYTES);
+    k->sreqw.data = k;
+    k->state = CONN_SPLICE_WAIT;
+    k->hgot = 0;
+    k->deadline_ms = weft__now_ms() + answer_ms(k);
+    if (weft__tcp_write(tp, &k->sreqw, (uv_stream_t *)&k->h, &b, 1,
+                        splice_write_cb) != 0 ||
         uv_read_start((uv_stream_t *)&k->h, hs_alloc_cb, hs_read_cb) != 0)
-        retry_later(k, "cannot send the hello");
+        retry_later(k, "cannot send the splice request");
 }
 
 void weft__tcp_dial(tcp_tp *tp, int p, int w, const slot *path, int resume)
@@ -867,7 +913,9 @@ void weft__tcp_housekeep_cb(uv_timer_t *t)
             /* A listener that holds the hello without answering (the
              * peer's previous communicator, with the connection in its
              * backlog) is given HANDSHAKE_MS. */
-            if (s->trying != NULL && s->trying->state == CONN_REPLY_WAIT &&
+            if (s->trying != NULL &&
+                (s->trying->state == CONN_REPLY_WAIT ||
+                 s->trying->state == CONN_SPLICE_WAIT) &&
                 now >= s->trying->deadline_ms)
                 retry_later(s->trying, "no answer to its hello");
             /* A connect that hangs on a link that drops everything, past

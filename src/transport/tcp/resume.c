@@ -423,7 +423,8 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
                  * second; the wire moves back if it answers. */
                 busy = 1;
                 if (s->resuming != NULL &&
-                    s->resuming->state == CONN_CONNECTING &&
+                    (s->resuming->state == CONN_CONNECTING ||
+                     s->resuming->state == CONN_SPLICE_WAIT) &&
                     now >= s->resuming->deadline_ms)
                     weft__tcp_retry_later(s->resuming,
                                           "its link is still down");
@@ -451,6 +452,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
             }
             if (s->resuming != NULL &&
                 (s->resuming->state == CONN_REPLY_WAIT ||
+                 s->resuming->state == CONN_SPLICE_WAIT ||
                  s->resuming->state == CONN_CONNECTING) &&
                 now >= s->resuming->deadline_ms)
                 weft__tcp_retry_later(s->resuming, "no answer");

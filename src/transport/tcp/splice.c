@@ -5,10 +5,12 @@
  *
  * The dialling rank connects to the first rank of the first host between
  * and sends a splice request (tcp.h: the steps left, each a rank and the
- * cable to reach it by) and then its hello. That rank checks the request
- * (the job's token, steps that exist in its communicator), connects to
- * the next step, passes the rest of the request on where steps are left,
- * and from then on copies bytes both ways, unchanged, on a thread of its
+ * cable to reach it by). That rank checks the request (the job's token,
+ * steps that exist in its communicator), connects to the next step,
+ * passes the rest of the request on where steps are left (the last host
+ * between answers SPLICE_OK once it reached the peer, and the dialling
+ * rank sends its hello only then), and from then on copies bytes both
+ * ways, unchanged, on a thread of its
  * own, so that the wire moves whatever this rank is doing (computing,
  * waiting in another call, finalizing). The handshake, the data and the
  * failover run end to end as over a cable.
@@ -46,6 +48,7 @@ typedef struct sp_pair {
     int eof[2];  /* fd[d] ended */
     int shut[2]; /* ... and that end was passed on */
     int connecting;
+    int answer; /* the last host between: answers once connected */
     uint64_t deadline_ms;
     struct sp_pair *next;
 } sp_pair;
@@ -149,6 +152,10 @@ static int pair_step(sp_pair *sp, short rev0, short rev1, int *moved)
             err != 0)
             return -1;
         sp->connecting = 0;
+        if (sp->answer) {
+            weft__put_be32((uint8_t *)sp->buf[1], SPLICE_OK);
+            sp->hi[1] = SPLICE_OK_BYTES;
+        }
     }
     for (int d = 0; d < 2; d++) {
         if (!sp->eof[d] && (rev[d] & (POLLIN | POLLHUP | POLLERR))) {
@@ -375,6 +382,7 @@ void weft__tcp_splice_take(conn *k)
         return reject(k, "cannot connect to its next step");
     }
     sp->connecting = 1;
+    sp->answer = n == 1;
     sp->deadline_ms = weft__now_ms() + SP_CONNECT_MS;
     /* What goes on first: the rest of the request where steps are left,
      * then whatever of the hello came with it. */

@@ -101,13 +101,18 @@
 #define RELAY_CHUNK (256 * 1024)
 #define HANDSHAKE_MS 5000
 /* A wire over a path through other hosts (weft__link.nvia > 0) opens at
- * the first rank of the first host between with a splice request, before
- * its hello: magic, the number of steps left (1 .. WEFT__MAX_VIA + 1),
- * the job token, then each step as (rank, cable): connect to that rank's
- * port at its host's end of that cable. The rank carries the connection on
- * (splice.c), with the rest of the request where steps are left; the
- * hello and everything after pass through unchanged. */
+ * the first rank of the first host between with a splice request: magic, the
+ * number of steps left (1 .. WEFT__MAX_VIA + 1), the job token, then each step
+ * as (rank, cable): connect to that rank's port at its host's end of that
+ * cable. The rank carries the connection on (splice.c), with the rest of the
+ * request where steps are left; the answer, the hello and everything after pass
+ * through unchanged. */
 #define SPLICE_MAGIC 0x50534657u /* "WFSP" */
+/* The last host between answers once it reached the peer's host (4 bytes,
+ * passed back by the others), and only then does the dialling rank send
+ * its hello: a path whose far steps are down never looks up. */
+#define SPLICE_OK 0x4f534657u /* "WFSO" */
+#define SPLICE_OK_BYTES 4
 #define SPLICE_BYTES (24 + 8 * (WEFT__MAX_VIA + 1))
 #define RX_CAP (256 * 1024)       /* read-ahead per connection */
 #define RX_DIRECT_MIN (64 * 1024) /* receives this big are read in place */
@@ -125,6 +130,7 @@ typedef struct tcp_tp tcp_tp;
 enum {
     CONN_HELLO_WAIT,
     CONN_CONNECTING,
+    CONN_SPLICE_WAIT, /* over a path: the splice request's answer */
     CONN_REPLY_WAIT,
     CONN_ACK_WAIT,
     CONN_UP
@@ -166,6 +172,7 @@ typedef struct conn {
     int via_link;   /* the link it runs over (-1: not known here) */
     int route;      /* dialled over a path: its link index, else -1 */
     uint8_t sreq[SPLICE_BYTES]; /* the splice request that opens it */
+    uv_write_t sreqw;
     uint64_t resume_pos;
     struct conn *successor;
     char why[160];
