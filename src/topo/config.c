@@ -535,10 +535,20 @@ static int add_paths(weft__config *out, char *errmsg, size_t errlen)
                 }
         }
         if (prev[next] < 0) {
-            snprintf(errmsg, errlen,
-                     "the hosts of the ranks left are cut in two: no cable "
-                     "or path of cables joins host %s to host %s",
-                     out->hosts[h].name, out->hosts[next].name);
+            /* The two parts: the hosts reached from h, and the others. */
+            size_t at = (size_t)snprintf(
+                errmsg, errlen,
+                "the hosts of the ranks left are cut in two: no cable or "
+                "path of cables joins");
+            for (int part = 1; part >= 0; part--) {
+                const char *sep = part ? " " : " to ";
+                for (int x = 0; x < nh && at < errlen; x++)
+                    if ((prev[x] >= 0) == part) {
+                        at += (size_t)snprintf(errmsg + at, errlen - at, "%s%s",
+                                               sep, out->hosts[x].name);
+                        sep = ", ";
+                    }
+            }
             rc = WEFT_ENOTSUP;
             break;
         }

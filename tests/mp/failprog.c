@@ -280,6 +280,70 @@ static int shrink_run(weft_comm *s, double run_s)
     return rc;
 }
 
+/* The median time of rounds all_reduces of bytes on c (after one not
+ * timed), as busbw in MB/s (2 (n-1)/n bytes per rank a call, the ring's
+ * traffic); -1 on a failure (said). */
+static double busbw(weft_comm *c, size_t bytes, int rounds)
+{
+    size_t n = bytes / sizeof(float);
+    float *w = calloc(n, sizeof *w);
+    double *t = calloc((size_t)rounds, sizeof *t), med;
+    int m = weft_size(c);
+
+    for (int i = -1; w != NULL && t != NULL && i < rounds; i++) {
+        double t0 = now_ms();
+        if (weft_all_reduce(c, w, w, n, WEFT_FLOAT32, WEFT_SUM) != WEFT_OK) {
+            printf("FAILED: all_reduce: %s\n", weft_last_error(c));
+            free(w);
+            free(t);
+            return -1;
+        }
+        if (i >= 0)
+            t[i] = now_ms() - t0;
+    }
+    for (int i = 0; t != NULL && i < rounds; i++) /* insertion sort */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    med = t != NULL && w != NULL ? t[rounds / 2] : 0;
+    free(w);
+    free(t);
+    return med > 0 ? 2.0 * (m - 1) / m * (double)bytes / (med * 1e3) : -1;
+}
+
+/* "shrinkbw V BYTES ROUNDS": all_reduce's busbw on c, then rank V leaves,
+ * the others shrink, and the same on the shrunk communicator:
+ * "busbw before X after Y MB/s" (rank 0). */
+static int shrinkbw_mode(weft_comm *c, int victim, size_t bytes, int rounds)
+{
+    double before = busbw(c, bytes, rounds), after;
+    int one = 1;
+    weft_comm *s = NULL;
+
+    if (before < 0 || weft_barrier(c) != WEFT_OK)
+        return 3;
+    if (weft_rank(c) == victim)
+        _exit(0);
+    if (weft_all_reduce(c, &one, &one, 1, WEFT_INT32, WEFT_SUM) == WEFT_OK) {
+        printf("FAILED: all_reduce succeeded without rank %d\n", victim);
+        return 3;
+    }
+    if (weft_comm_shrink(c, &s) != WEFT_OK) {
+        printf("FAILED shrink: %s\n", weft_last_error(NULL));
+        weft_finalize(c);
+        return 3;
+    }
+    after = busbw(s, bytes, rounds);
+    if (after >= 0 && weft_rank(s) == 0)
+        printf("busbw before %.1f after %.1f MB/s (%d then %d ranks)\n", before,
+               after, weft_size(c), weft_size(s));
+    weft_finalize(s);
+    weft_finalize(c);
+    return after < 0 ? 3 : 0;
+}
+
 static int shrink_mode(weft_comm *c, int victim, int victim2, double run_s)
 {
     int n = weft_size(c), me = weft_rank(c), rc;
@@ -406,6 +470,10 @@ int main(int argc, char **argv)
         return pairs_mode(c, argc > 2 ? atoi(argv[2]) : 0);
     if (strcmp(mode, "shrink") == 0)
         return shrink_mode(c, victim, argc > 3 ? atoi(argv[3]) : -1, 0);
+    if (strcmp(mode, "shrinkbw") == 0)
+        return shrinkbw_mode(c, victim,
+                             argc > 3 ? (size_t)atol(argv[3]) : 1u << 24,
+                             argc > 4 ? atoi(argv[4]) : 5);
     if (strcmp(mode, "shrinkrun") == 0)
         return shrink_mode(c, victim, -1, argc > 3 ? atof(argv[3]) : 5);
     if (strcmp(mode, "loop") == 0)

@@ -9,7 +9,9 @@
  * connection), data.c (posting, reading, writing, progress), handshake.c
  * (accepting, connecting, the hello and its retries), relay.c (messages
  * relayed around the ring), setup.c (which wires, listening, set-up and
- * tear-down, the ops table).
+ * tear-down, the ops table), tx.c (the sending thread), resume.c
+ * (failover), splice.c (connections carried on for two other ranks: the
+ * wires of a path through this rank's host).
  *
  * Each wire is one TCP connection. The higher rank of a pair connects to the
  * lower one's port, once per wire, and opens with a hello that carries the
