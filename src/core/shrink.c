@@ -81,23 +81,26 @@ typedef struct {
     int target;  /* the rank it reaches */
     int direct;  /* out is the target's own connection */
     int state;   /* P_ASKED: reading the request; P_DIAL; P_PIPE */
-    size_t held; /* P_DIAL: bytes from in, for out once connected */
-    uint8_t buf[HDR_BYTES + 1024];
+    size_t held; /* P_DIAL: bytes for out once connected (the request to
+                    carry it on, where out is not the target's, then what
+                    came from in) */
+    uint8_t buf[2 * (HDR_BYTES + 1024)];
 } fwd;
 
 /* The agreement's state on one rank. */
 typedef struct {
     weft_comm *c;
     int n, me;
-    size_t bm_bytes;   /* bytes of a set of ranks */
-    size_t msg_bytes;  /* of every message */
-    uint64_t key;      /* proves a message is of this job */
-    uint8_t *dead;     /* ranks known dead (one byte per rank) */
-    uint8_t *nogo;     /* ranks on the way that refused to carry this one */
-    uint8_t *req;      /* a request's set */
-    uint64_t deadline; /* ranks not heard from by then are out */
-    int lfd;           /* listening at this rank's port */
-    fwd *fw;           /* connections carried on for others */
+    size_t bm_bytes;     /* bytes of a set of ranks */
+    size_t msg_bytes;    /* of every message */
+    uint64_t key;        /* proves a message is of this job */
+    uint8_t *dead;       /* ranks known dead (one byte per rank) */
+    uint8_t *nogo;       /* ranks on the way that refused to carry this one */
+    const uint8_t *skip; /* a forwarder's: ranks the connection went by */
+    uint8_t *req;        /* a request's set */
+    uint64_t deadline;   /* ranks not heard from by then are out */
+    int lfd;             /* listening at this rank's port */
+    fwd *fw;             /* connections carried on for others */
     int nfw, cap, polled;
     unsigned turn;     /* rotates the ranks a connection goes through */
     int serve;         /* takes requests at its port while following */
@@ -200,14 +203,17 @@ static void msg_status(const agree *a, int fd, int type, int r)
     (void)msg_send_as(a, fd, type, r, NULL);
 }
 
-/* Asks the rank at fd to carry the connection on to rank r. */
+/* Asks the rank at fd to carry the connection on to rank r: the message
+ * names r as its sender, and its set holds the ranks the connection went
+ * by (this one), which the next hops never take again (no loops where
+ * ranks see different ways). */
 static int msg_forward(const agree *a, int fd, int r)
 {
     uint8_t one[8192];
 
     memset(one, 0, (size_t)a->n);
-    one[r] = 1;
-    return msg_send_as(a, fd, M_FORWARD, a->me, one);
+    one[a->me] = 1;
+    return msg_send_as(a, fd, M_FORWARD, r, one);
 }
 
 /* A connection being read: bytes of the message that is arriving. */
@@ -342,7 +348,8 @@ static int host_alive(const agree *a, int h)
     const weft__config *cfg = &a->c->cfg;
 
     for (int r = 0; r < a->n; r++)
-        if (cfg->rank_host[r] == h && !a->dead[r] && !a->nogo[r])
+        if (cfg->rank_host[r] == h && !a->dead[r] && !a->nogo[r] &&
+            (a->skip == NULL || !a->skip[r]))
             return 1;
     return 0;
 }
@@ -398,7 +405,8 @@ static int next_hop(agree *a, int L, unsigned turn, int *direct)
             int h = cfg->rank_host[r];
 
             if (r == a->me || a->dead[r] || a->nogo[r] ||
-                a->dist[h] >= a->dist[hm] || !hosts_linked(cfg, hm, h))
+                (a->skip != NULL && a->skip[r]) || a->dist[h] >= a->dist[hm] ||
+                !hosts_linked(cfg, hm, h))
                 continue;
             if (pass == 1 && k == (int)(turn % (unsigned)m))
                 return r;
@@ -451,7 +459,11 @@ static int dial_rank(agree *a, int q, unsigned turn)
  * it). A connection that ends without a word is a rank on the way lost:
  * the asking rank tries again by another, and never takes it for the
  * leader's death. The leader sees each connection as the asking rank's
- * own; its end is the asking rank's end. */
+ * own; its end is the asking rank's end. The request names the ranks the
+ * connection went by, which no hop takes again: ranks that see different
+ * ways (a host whose ranks refused one of them and not another) never
+ * pass a connection round in a loop; one with no way on ends it, and the
+ * asking rank tries another way. */
 
 static void fwd_end(fwd *p)
 {
@@ -478,27 +490,30 @@ static fwd *fwd_take(agree *a, int fd)
  * not lead). */
 static void fwd_asked(agree *a, fwd *p, const uint8_t *m)
 {
-    int from = -1, r = -1, hop;
+    int r = -1, hop;
 
-    if (msg_parse(a, m, &from, a->req) != M_FORWARD)
-        goto end;
-    for (int q = 0; q < a->n; q++)
-        if (a->req[q]) {
-            if (r >= 0)
-                goto end;
-            r = q;
-        }
-    if (r < 0 || r == a->me)
+    /* The target is the message's sender (msg_forward); its set, the
+     * ranks the connection went by. */
+    if (msg_parse(a, m, &r, a->req) != M_FORWARD || a->req[a->me])
         goto end;
     p->target = r;
     p->held = 0;
     p->state = P_DIAL;
+    a->skip = a->req;
     hop = next_hop(a, r, a->turn, &p->direct);
+    a->skip = NULL;
     if (hop >= 0)
         p->out = dial_rank(a, hop, a->turn);
     a->turn++;
-    if (p->out >= 0)
-        return;
+    if (p->out < 0)
+        goto end;
+    if (!p->direct) {
+        /* The request goes on first, with this rank among those passed. */
+        a->req[a->me] = 1;
+        msg_pack(a, M_FORWARD, r, a->req, p->buf);
+        p->held = a->msg_bytes;
+    }
+    return;
 end:
     fwd_end(p);
 }
@@ -565,10 +580,6 @@ static void fwd_serve(agree *a, fwd *p, short rin, short rout)
             }
             if (p->direct)
                 msg_status(a, p->in, M_REACHED, p->target);
-            else if (msg_forward(a, p->out, p->target) != 0) {
-                fwd_end(p);
-                return;
-            }
             if (p->held > 0 &&
                 send(p->out, p->buf, p->held, MSG_NOSIGNAL | MSG_DONTWAIT) !=
                     (ssize_t)p->held) {
@@ -875,7 +886,7 @@ static int follow(agree *a, int L, uint8_t *set)
     a->serve = may_forward(a, L);
     while (weft__now_ms() < a->deadline) {
         link_in l = {.fd = -1, .rank = L};
-        int welcomed = 0, decided = 0, k, from = -1, type, err = 0;
+        int welcomed = 0, decided = 0, reached = 0, k, from = -1, type, err = 0;
         int direct = 1, hop;
         socklen_t elen = sizeof err;
         short ev = 0;
@@ -960,7 +971,7 @@ static int follow(agree *a, int L, uint8_t *set)
                 break;
             }
             if (type == M_REACHED && !direct)
-                connected = routed = 1;
+                connected = routed = reached = 1;
             else if (type == M_REFUSED && !direct) {
                 k = -5;
                 break;
@@ -1017,9 +1028,13 @@ static int follow(agree *a, int L, uint8_t *set)
             routed = 1, alive_seen = 0;
             continue;
         }
-        /* A rank on the way lost: try again, by another. */
-        if (k == -6)
+        /* A rank on the way lost, or with no way on: try again, by
+         * another. */
+        if (k == -6) {
+            if (!reached)
+                a->nogo[hop] = 1;
             continue;
+        }
         /* Closed before it welcomed us: not (yet) the leader's agreement
          * at that port (its old communicator, or a new one made without
          * this rank): try again. */
