@@ -91,11 +91,14 @@ typedef struct {
 typedef struct {
     weft_comm *c;
     int n, me;
-    size_t bm_bytes;     /* bytes of a set of ranks */
-    size_t msg_bytes;    /* of every message */
-    uint64_t key;        /* proves a message is of this job */
-    uint8_t *dead;       /* ranks known dead (one byte per rank) */
-    uint8_t *nogo;       /* ranks on the way that refused to carry this one */
+    size_t bm_bytes;   /* bytes of a set of ranks */
+    size_t msg_bytes;  /* of every message */
+    uint64_t key;      /* proves a message is of this job */
+    uint8_t *dead;     /* ranks known dead (one byte per rank) */
+    uint8_t *nogo;     /* ranks on the way that refused to carry this one */
+    int *probe;        /* a probe of each rank's port in flight, or -1 */
+    uint64_t *probe_t; /* ... since */
+    uint64_t probe_next;
     const uint8_t *skip; /* a forwarder's: ranks the connection went by */
     uint8_t *req;        /* a request's set */
     uint64_t deadline;   /* ranks not heard from by then are out */
@@ -137,11 +140,64 @@ static int pid_gone(const weft_comm *c, int r)
     return p != NULL && (p[2] == 'Z' || p[2] == 'X');
 }
 
+static int dial_rank(agree *a, int q, unsigned turn);
+
+#define PROBE_MS 20
+#define PROBE_GIVE_UP_MS 1000
+
+/* Ranks of other hosts, reached by cable, whose port refuses a
+ * connection: gone, or finalized (a rank's port answers from weft_init
+ * to weft_finalize, through a failure and this agreement: transport.h,
+ * weft__port_keep). Each is looked at every PROBE_MS; a look that
+ * neither connects nor is refused within PROBE_GIVE_UP_MS (a host that
+ * is gone, a cable that is down) says nothing: such ranks are out at
+ * the deadline, as before. */
+static void probe_ports(agree *a)
+{
+    const weft__config *cfg = &a->c->cfg;
+    const uint64_t now = weft__now_ms();
+
+    for (int r = 0; r < a->n; r++) {
+        struct pollfd pf = {.fd = a->probe[r], .events = POLLOUT};
+        int err = 0;
+        socklen_t len = sizeof err;
+
+        if (pf.fd < 0)
+            continue;
+        if (poll(&pf, 1, 0) == 1) {
+            if (getsockopt(pf.fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+                err == ECONNREFUSED && !a->dead[r]) {
+                a->dead[r] = 1;
+                weft__log(WEFT__LOG_INFO, a->me,
+                          "weft_comm_shrink: rank %d's port refuses "
+                          "connections: it is gone",
+                          r);
+            } else if (err == 0) {
+                uint8_t m[4];
+                weft__put_be32(m, WEFT__PROBE_MAGIC);
+                (void)!send(pf.fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+            }
+        } else if (now - a->probe_t[r] < PROBE_GIVE_UP_MS)
+            continue;
+        close(pf.fd);
+        a->probe[r] = -1;
+    }
+    if (now < a->probe_next)
+        return;
+    a->probe_next = now + PROBE_MS;
+    for (int r = 0; r < a->n; r++)
+        if (r != a->me && !a->dead[r] && a->probe[r] < 0 &&
+            cfg->rank_host[r] != cfg->rank_host[a->me] &&
+            (a->probe[r] = dial_rank(a, r, 0)) >= 0)
+            a->probe_t[r] = now;
+}
+
 static void check_pids(agree *a)
 {
     for (int r = 0; r < a->n; r++)
         if (r != a->me && !a->dead[r] && pid_gone(a->c, r))
             a->dead[r] = 1;
+    probe_ports(a);
 }
 
 /* ---- messages ---- */
@@ -917,12 +973,14 @@ static int follow(agree *a, int L, uint8_t *set)
             getsockopt(l.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0 ||
             err != 0 || (!direct && msg_forward(a, l.fd, L) != 0) ||
             msg_send(a, l.fd, M_JOIN, a->dead) != 0) {
-            /* Refused: L's host answers, nobody listens (L is gone, or
-             * between its old communicator and this agreement). A rank
-             * on the way that refuses says nothing of L. */
-            if (direct && (ev & POLLOUT) && err == ECONNREFUSED)
-                routed = 1, alive_seen = 0; /* what counts is the last */
-            else if (!direct && (ev & POLLOUT) && err == ECONNREFUSED)
+            /* Refused: L's host answers, nobody listens at its port,
+             * which a live rank holds from weft_init to weft_finalize
+             * (weft__port_keep): L is gone. A rank on the way that
+             * refuses says nothing of L. */
+            if (direct && (ev & POLLOUT) && err == ECONNREFUSED) {
+                routed = 1, alive_seen = 0;
+                a->dead[L] = 1;
+            } else if (!direct && (ev & POLLOUT) && err == ECONNREFUSED)
                 a->nogo[hop] = 1;
             close(l.fd);
             continue;
@@ -1026,6 +1084,7 @@ static int follow(agree *a, int L, uint8_t *set)
         }
         if (k == -5) {
             routed = 1, alive_seen = 0;
+            a->dead[L] = 1; /* refused at its port, as above */
             continue;
         }
         /* A rank on the way lost, or with no way on: try again, by
@@ -1220,6 +1279,10 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
     a.deadline = weft__now_ms() + (uint64_t)c->cfg.connect_timeout_ms;
     a.dead = calloc((size_t)a.n, 1);
     a.nogo = calloc((size_t)a.n, 1);
+    a.probe = malloc(sizeof *a.probe * (size_t)a.n);
+    a.probe_t = calloc((size_t)a.n, sizeof *a.probe_t);
+    for (int r = 0; a.probe != NULL && r < a.n; r++)
+        a.probe[r] = -1;
     a.req = calloc((size_t)a.n, 1);
     a.cap = 2 * a.n + 8;
     a.fw = calloc((size_t)a.cap, sizeof *a.fw);
@@ -1228,16 +1291,19 @@ int weft_comm_shrink(weft_comm *c, weft_comm **out)
     set = calloc((size_t)a.n, 1);
     members = calloc((size_t)a.n, sizeof *members);
     rc = WEFT_ENOMEM;
-    if (a.dead == NULL || a.nogo == NULL || a.req == NULL || a.fw == NULL ||
-        a.pf == NULL || a.dist == NULL || set == NULL || members == NULL)
+    if (a.dead == NULL || a.nogo == NULL || a.probe == NULL ||
+        a.probe_t == NULL || a.req == NULL || a.fw == NULL || a.pf == NULL ||
+        a.dist == NULL || set == NULL || members == NULL)
         goto out;
     if (a.n > 1) {
-        /* The port is free once c stopped listening; a moment may pass
-         * before the kernel lets it be bound again. */
+        /* c's socket at its port, kept since c stopped listening, with
+         * whatever waits in its backlog; else (a port that was not kept)
+         * bound anew, which may take a moment. */
         int port = weft__config_rank_port(&c->cfg, a.me);
 
-        while ((a.lfd = listen_at(&c->cfg, port)) < 0 && errno == EADDRINUSE &&
-               weft__now_ms() < a.deadline)
+        a.lfd = weft__port_take(port, c->cfg.nhosts != 1);
+        while (a.lfd < 0 && (a.lfd = listen_at(&c->cfg, port)) < 0 &&
+               errno == EADDRINUSE && weft__now_ms() < a.deadline)
             usleep(RETRY_MS * 1000);
         if (a.lfd < 0) {
             rc = say(c, WEFT_ETRANSPORT,
@@ -1274,6 +1340,11 @@ out:
     free(a.req);
     free(a.dead);
     free(a.nogo);
+    for (int r = 0; a.probe != NULL && r < a.n; r++)
+        if (a.probe[r] >= 0)
+            close(a.probe[r]);
+    free(a.probe);
+    free(a.probe_t);
     free(set);
     free(members);
     return rc;

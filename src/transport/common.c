@@ -1,7 +1,77 @@
 /* Code that is the same in every transport; see common.h. */
 #include "transport/common.h"
+#include "transport/transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* ---- ports kept for failed communicators (transport.h) ---- */
+
+#define KEPT_MAX 64
+static struct {
+    int port, fd;
+    const void *owner;
+} kept[KEPT_MAX];
+static int nkept;
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void weft__port_keep(int port, int fd, const void *owner)
+{
+    pthread_mutex_lock(&kept_mu);
+    /* A port kept already (a communicator that failed before, never
+     * finalized) gives way: the newest holds it. */
+    for (int i = 0; i < nkept; i++)
+        if (kept[i].port == port) {
+            close(kept[i].fd);
+            kept[i] = kept[--nkept];
+            break;
+        }
+    if (nkept < KEPT_MAX)
+        kept[nkept++] = (typeof(kept[0])){port, fd, owner};
+    else
+        close(fd); /* then the port refuses, as before */
+    pthread_mutex_unlock(&kept_mu);
+}
+
+int weft__port_take(int port, int any)
+{
+    int fd = -1;
+
+    pthread_mutex_lock(&kept_mu);
+    for (int i = 0; i < nkept; i++)
+        if (kept[i].port == port) {
+            struct sockaddr_in sa;
+            socklen_t len = sizeof sa;
+
+            fd = kept[i].fd;
+            kept[i] = kept[--nkept];
+            if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 ||
+                sa.sin_family != AF_INET ||
+                (sa.sin_addr.s_addr == htonl(INADDR_ANY)) != (any != 0)) {
+                close(fd); /* bound elsewhere: the caller binds anew */
+                fd = -1;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&kept_mu);
+    return fd;
+}
+
+void weft__port_drop(const void *owner)
+{
+    pthread_mutex_lock(&kept_mu);
+    for (int i = 0; i < nkept; i++)
+        if (kept[i].owner == owner) {
+            close(kept[i].fd);
+            kept[i] = kept[--nkept];
+            break;
+        }
+    pthread_mutex_unlock(&kept_mu);
+}
 
 int weft__tp_no_wire(weft__errsink *sink, int rank, int peer, int wire)
 {

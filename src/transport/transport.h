@@ -198,6 +198,26 @@ typedef struct weft__tp_read_ops {
 } weft__tp_read_ops;
 
 /* The stubs (stub.c). */
+/* Ports kept for failed communicators (common.c). A communicator that
+ * fails stops taking connections, but its listening socket stays open
+ * (weft__port_keep: the process-wide table owns it) until the process
+ * binds that port again (weft__port_take: a shrink's agreement, a new
+ * communicator, which take the socket over with whatever connections
+ * wait in its backlog) or finalizes the failed one (weft__port_drop,
+ * which closes it if still kept by owner). So a rank's port answers
+ * from weft_init to weft_finalize, through a failure and a shrink, and
+ * a port that refuses a connection is a rank whose process is gone (or
+ * that finalized): shrink's agreement leaves such a rank out at once.
+ * weft__port_take(port, any): the kept socket at port (bound to every
+ * address where any, else to loopback), or -1 (a kept one bound
+ * otherwise is closed). */
+void weft__port_keep(int port, int fd, const void *owner);
+int weft__port_take(int port, int any);
+void weft__port_drop(const void *owner);
+/* A rank that dials another's port only to see that it answers opens with
+ * this word and closes (shrink's agreement); listeners close it quietly. */
+#define WEFT__PROBE_MAGIC 0x50574657u /* "WFWP" */
+
 extern const weft__tp_relay_ops weft__tp_no_relay;
 extern const weft__tp_box_ops weft__tp_no_box;
 extern const weft__tp_read_ops weft__tp_no_read;

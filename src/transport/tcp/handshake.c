@@ -486,6 +486,12 @@ static void hs_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         return;
     }
     if (k->state == CONN_HELLO_WAIT) {
+        /* A rank that only looked whether this port answers. */
+        if (k->hgot >= 4 && weft__get_be32(k->hbuf) == WEFT__PROBE_MAGIC) {
+            pending_remove(tp, k);
+            weft__tcp_conn_close(k);
+            return;
+        }
         /* A wire over a path through this rank's host: carried on. */
         if (k->hgot >= 4 && weft__get_be32(k->hbuf) == SPLICE_MAGIC) {
             if (k->hgot >= SPLICE_BYTES) {

@@ -196,10 +196,23 @@ static void tcp_shutdown(weft__tp *t)
      * would open new connections while we wait for these to close. */
     uv_timer_stop(&tp->housekeep);
     /* A failed communicator takes no more connections: the peer's next
-     * communicator must not meet this one (it is refused and tries again
-     * until this process binds the port anew). */
-    if (tp->handles && !uv_is_closing((uv_handle_t *)&tp->listener))
+     * communicator must not meet this one. Its socket stays open, kept
+     * (transport.h): the port answers while this process lives, and
+     * connections wait in its backlog for this process's next listener
+     * at that port (a shrink's, a new communicator's), which takes the
+     * socket over; finalizing this one closes it. */
+    if (tp->handles && !uv_is_closing((uv_handle_t *)&tp->listener)) {
+        uv_os_fd_t lfd;
+        int kfd;
+
+        if (tp->up && tp->nranks > 1 && !tp->kept && !tp->destroying &&
+            uv_fileno((uv_handle_t *)&tp->listener, &lfd) == 0 &&
+            (kfd = fcntl(lfd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+            weft__port_keep(weft__config_rank_port(tp->cfg, tp->rank), kfd, tp);
+            tp->kept = 1;
+        }
         uv_close((uv_handle_t *)&tp->listener, NULL);
+    }
     for (int p = 0; p < tp->nranks && tp->peers != NULL; p++)
         for (int w = 0; w < tp->peers[p].nslots; w++) {
             conn *k = tp->peers[p].s[w].c;
@@ -240,6 +253,9 @@ static void tcp_destroy(weft__tp *t)
     /* Connections this rank carries on for others, until their ends are
      * done with them (splice.c). */
     weft__tcp_splice_stop(tp);
+    tp->destroying = 1; /* nothing to keep: this process is done with it */
+    if (tp->kept)
+        weft__port_drop(tp);
     if (tp->handles) {
         weft__sigpipe_block(&sp);
         tcp_shutdown(t);
@@ -284,7 +300,7 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
     tcp_tp *tp = calloc(1, sizeof *tp);
     struct sockaddr_in sa;
     uint64_t deadline, wake, now;
-    int rc, port;
+    int rc, port, kfd;
 
     *out = NULL;
     if (tp == NULL)
@@ -326,6 +342,12 @@ static int tcp_create_guarded(const weft__tp_params *par, weft__tp **out)
                         : uv_tcp_open(&tp->listener, fd);
             if (rc != 0 && fd >= 0)
                 close(fd);
+        } else if ((kfd = weft__port_take(port, cfg->nhosts != 1)) >= 0) {
+            /* This process's failed communicator's socket at that port,
+             * with the connections waiting in its backlog. */
+            rc = uv_tcp_open(&tp->listener, kfd);
+            if (rc != 0)
+                close(kfd);
         } else {
             uv_ip4_addr(cfg->nhosts == 1 ? "127.0.0.1" : "0.0.0.0", port, &sa);
             rc = uv_tcp_bind(&tp->listener, (struct sockaddr *)&sa, 0);

@@ -342,8 +342,10 @@ struct tcp_tp {
     int uv_writes; /* libuv write requests whose callback has not run */
     tcp_tx *tx;    /* the sending thread, once started (tx.c) */
     struct tcp_splice *splice; /* connections carried on, once one is */
-    int tx_failed;             /* it could not start, or stopped: not again */
-    weft__spin spin;           /* poll before sleeping (transport/common.h) */
+    int kept; /* its listening socket kept at shutdown (weft__port_keep) */
+    int destroying;
+    int tx_failed;   /* it could not start, or stopped: not again */
+    weft__spin spin; /* poll before sleeping (transport/common.h) */
 };
 
 /* ---- what one file calls in another ---- */
