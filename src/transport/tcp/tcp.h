@@ -40,8 +40,10 @@
  * communicator, still alive and holding the port, which rejects it (its
  * slots are taken) or lets it sit in its backlog (the answer is awaited
  * HANDSHAKE_MS, then the connection is tried again). A communicator that
- * failed stops listening at once, so the peer's new one is refused until
- * the process binds the port anew.
+ * failed stops taking connections at once but keeps its socket
+ * (weft__port_keep): the peer's new one waits in its backlog until this
+ * process's next communicator at that port takes the socket over (and
+ * answers it), or this one is finalized (which resets it: tried again).
  *
  * Everything runs on the calling thread inside progress(), but for the
  * sending thread (tx.c, WEFT_SEND_THREAD): where it runs, a batch of at
