@@ -99,6 +99,7 @@ typedef struct {
     int *probe;        /* a probe of each rank's port in flight, or -1 */
     uint64_t *probe_t; /* ... since */
     uint64_t probe_next;
+    int probing;         /* looks in flight */
     const uint8_t *skip; /* a forwarder's: ranks the connection went by */
     uint8_t *req;        /* a request's set */
     uint64_t deadline;   /* ranks not heard from by then are out */
@@ -182,14 +183,17 @@ static void probe_ports(agree *a)
         close(pf.fd);
         a->probe[r] = -1;
     }
-    if (now < a->probe_next)
-        return;
-    a->probe_next = now + PROBE_MS;
+    if (now >= a->probe_next) {
+        a->probe_next = now + PROBE_MS;
+        for (int r = 0; r < a->n; r++)
+            if (r != a->me && !a->dead[r] && a->probe[r] < 0 &&
+                cfg->rank_host[r] != cfg->rank_host[a->me] &&
+                (a->probe[r] = dial_rank(a, r, 0)) >= 0)
+                a->probe_t[r] = now;
+    }
+    a->probing = 0;
     for (int r = 0; r < a->n; r++)
-        if (r != a->me && !a->dead[r] && a->probe[r] < 0 &&
-            cfg->rank_host[r] != cfg->rank_host[a->me] &&
-            (a->probe[r] = dial_rank(a, r, 0)) >= 0)
-            a->probe_t[r] = now;
+        a->probing += a->probe[r] >= 0;
 }
 
 static void check_pids(agree *a)
@@ -304,13 +308,15 @@ static int link_read(const agree *a, link_in *l)
  * seen within this. */
 #define PIDS_EVERY_MS 5
 
-static int poll_ms(uint64_t until)
+static int poll_ms(const agree *a, uint64_t until)
 {
     uint64_t now = weft__now_ms();
+    /* A look at a port in flight is answered within a round trip. */
+    uint64_t cap = a->probing > 0 ? 1 : PIDS_EVERY_MS;
 
     if (now >= until)
         return 0;
-    return until - now > PIDS_EVERY_MS ? PIDS_EVERY_MS : (int)(until - now);
+    return until - now > cap ? (int)cap : (int)(until - now);
 }
 
 /* ---- addresses ---- */
@@ -709,7 +715,7 @@ static short wait_io(agree *a, int fd, short events, uint64_t until, int accept)
 
     pf[0] = (struct pollfd){.fd = fd, .events = events};
     np = 1 + pump_fds(a, pf + 1, accept);
-    if (poll(pf, (nfds_t)np, poll_ms(until)) <= 0)
+    if (poll(pf, (nfds_t)np, poll_ms(a, until)) <= 0)
         return 0;
     pump_serve(a, pf + 1);
     return pf[0].revents;
@@ -765,7 +771,7 @@ static int lead(agree *a, uint8_t *set)
             pf[np++] = (struct pollfd){.fd = in[i].fd, .events = POLLIN};
         base = np;
         np += pump_fds(a, pf + base, 0);
-        if (poll(pf, (nfds_t)np, poll_ms(a->deadline)) <= 0)
+        if (poll(pf, (nfds_t)np, poll_ms(a, a->deadline)) <= 0)
             continue;
         pump_serve(a, pf + base);
         for (int i = 0; i < base - 1; i++) {
@@ -856,7 +862,7 @@ static int lead(agree *a, uint8_t *set)
         while (answered < members && !lost && weft__now_ms() < until) {
             int np = nin + pump_fds(a, pf + nin, 0);
 
-            if (poll(pf, (nfds_t)np, poll_ms(until)) <= 0)
+            if (poll(pf, (nfds_t)np, poll_ms(a, until)) <= 0)
                 continue;
             pump_serve(a, pf + nin);
             for (int i = 0; i < nin; i++) {
