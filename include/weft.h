@@ -213,12 +213,17 @@ WEFT_EXPORT int weft_peer_wires(const weft_comm *c, int peer,
  * who they are, and each gets in *out a communicator of exactly that
  * set, in c's order, renumbered from 0. A rank that died, or that does
  * not call it before the connect deadline (WEFT_CONNECT_TIMEOUT_MS), is
- * left out; a rank that dies during the agreement leaves the others
- * agreeing on one set. May be called on a failed communicator (the use
- * it is for) or a healthy one; either way c is failed afterwards (every
- * operation WEFT_EABORTED) and must still be finalized. On failure *out
- * is NULL and weft_last_error(NULL) says why (a rank of the set that
- * died while the new communicator was being made: call it again).
+ * left out (a rank whose port refuses a connection is gone: a process
+ * keeps its port from weft_init to weft_finalize); a rank that dies
+ * during the agreement leaves the others agreeing on one set. Where the
+ * hosts left no longer form a ring of cables (a host lost from a ring of
+ * 4 or more), the ring's step between two hosts no cable joins runs
+ * through the hosts between (TCP; WEFT_ENOTSUP under ibverbs). May be
+ * called on a failed communicator (the use it is for) or a healthy one;
+ * either way c is failed afterwards (every operation WEFT_EABORTED) and
+ * must still be finalized. On failure *out is NULL and
+ * weft_last_error(NULL) says why (a rank of the set that died while the
+ * new communicator was being made: call it again).
  *
  * weft_comm_split: collective over a healthy c (every rank calls it, in
  * the same order with the other collectives): the ranks that give one
