@@ -19,6 +19,20 @@ static struct {
 static int nkept;
 static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* Entry i leaves the table (under kept_mu); its socket is closed where
+ * close_it, else returned. */
+static int kept_remove(int i, int close_it)
+{
+    int fd = kept[i].fd;
+
+    kept[i] = kept[--nkept];
+    if (close_it) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 void weft__port_keep(int port, int fd, const void *owner)
 {
     pthread_mutex_lock(&kept_mu);
@@ -26,8 +40,7 @@ void weft__port_keep(int port, int fd, const void *owner)
      * finalized) gives way: the newest holds it. */
     for (int i = 0; i < nkept; i++)
         if (kept[i].port == port) {
-            close(kept[i].fd);
-            kept[i] = kept[--nkept];
+            kept_remove(i, 1);
             break;
         }
     if (nkept < KEPT_MAX)
@@ -47,8 +60,7 @@ int weft__port_take(int port, int any)
             struct sockaddr_in sa;
             socklen_t len = sizeof sa;
 
-            fd = kept[i].fd;
-            kept[i] = kept[--nkept];
+            fd = kept_remove(i, 0);
             if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 ||
                 sa.sin_family != AF_INET ||
                 (sa.sin_addr.s_addr == htonl(INADDR_ANY)) != (any != 0)) {
@@ -66,8 +78,7 @@ void weft__port_drop(const void *owner)
     pthread_mutex_lock(&kept_mu);
     for (int i = 0; i < nkept; i++)
         if (kept[i].owner == owner) {
-            close(kept[i].fd);
-            kept[i] = kept[--nkept];
+            kept_remove(i, 1);
             break;
         }
     pthread_mutex_unlock(&kept_mu);

@@ -197,7 +197,6 @@ typedef struct weft__tp_read_ops {
                      size_t len, int *err);
 } weft__tp_read_ops;
 
-/* The stubs (stub.c). */
 /* Ports kept for failed communicators (common.c). A communicator that
  * fails stops taking connections, but its listening socket stays open
  * (weft__port_keep: the process-wide table owns it) until the process
@@ -218,6 +217,7 @@ void weft__port_drop(const void *owner);
  * this word and closes (shrink's agreement); listeners close it quietly. */
 #define WEFT__PROBE_MAGIC 0x50574657u /* "WFWP" */
 
+/* The stubs (stub.c). */
 extern const weft__tp_relay_ops weft__tp_no_relay;
 extern const weft__tp_box_ops weft__tp_no_box;
 extern const weft__tp_read_ops weft__tp_no_read;

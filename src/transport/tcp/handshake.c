@@ -68,11 +68,7 @@ static void tune_socket(conn *k)
         k->tp->peers[k->peer].s[k->wire].link != WEFT__LINK_LOOPBACK &&
         uv_fileno((uv_handle_t *)&k->h, &fd) == 0) {
         int one = 1;
-        /* The kernel counts the user timeout from its first retransmission,
-         * about the minimum RTO (200 ms) after the bytes went unanswered:
-         * asked for wt itself, a stream noticed a dropped link after
-         * wt + 220-260 ms (bench/failover, wt 1000 and 2000). */
-        unsigned ut = (unsigned)(wt > 500 ? wt - 250 : wt / 2 + 1);
+        unsigned ut = weft__tcp_user_timeout(wt);
 
         uv_tcp_keepalive(&k->h, 1, 1);
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);
@@ -679,8 +675,6 @@ static void connect_cb(uv_connect_t *req, int status)
     conn *k = req->data;
     tcp_tp *tp = k->tp;
     uv_buf_t b;
-    char addr[64];
-    int port;
 
     if (k->closing || tp->shut)
         return;
@@ -706,8 +700,8 @@ static void connect_cb(uv_connect_t *req, int status)
     }
     /* Over a path: the splice request, then its answer (the hosts between
      * reached the peer's), then the hello. */
-    if (weft__tcp_splice_request(tp, k->peer, (uint32_t)k->route, k->sreq, addr,
-                                 sizeof addr, &port) != 0) {
+    if (weft__tcp_splice_request(tp, k->peer, (uint32_t)k->route, k->sreq) !=
+        0) {
         retry_later(k, "no path to the peer");
         return;
     }
@@ -727,8 +721,7 @@ void weft__tcp_dial(tcp_tp *tp, int p, int w, const slot *path, int resume)
     slot *s = &tp->peers[p].s[w];
     const char *addr = path->addr;
     const int port = path->port;
-    /* A relay connection runs on its neighbour's first wire's link. */
-    const uint32_t link = path->relay ? tp->peers[p].s[0].link : path->link;
+    const uint32_t link = (uint32_t)weft__tcp_home_link(tp, p, path);
     struct sockaddr_in sa;
     conn *k;
 

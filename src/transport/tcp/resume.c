@@ -67,10 +67,7 @@ int weft__tcp_link_lost(int uverr)
     }
 }
 
-/* The link slot s of peer p runs on when nothing failed: its own, or for
- * the relay connection, the link of the neighbour's first wire, whose
- * path it takes (setup.c). */
-static int home_link(const tcp_tp *tp, int p, const slot *s)
+int weft__tcp_home_link(const tcp_tp *tp, int p, const slot *s)
 {
     return s->relay ? (int)tp->peers[p].s[0].link : (int)s->link;
 }
@@ -389,8 +386,8 @@ static void start_resume(tcp_tp *tp, int p, int w)
 
         /* A wire that runs on its own link (not one resumed elsewhere,
          * whose link may be the dead one) shows that link alive. */
-        if (o->outgoing && (int)o->link != home_link(tp, p, s) && u != w &&
-            o->c != NULL && o->c->state == CONN_UP && !o->c->paused &&
+        if (o->outgoing && (int)o->link != weft__tcp_home_link(tp, p, s) &&
+            u != w && o->c != NULL && o->c->state == CONN_UP && !o->c->paused &&
             o->c->via_link == (int)o->link &&
             (via == s || o->c->rx_ms > heard)) {
             via = o;
@@ -418,7 +415,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
 
             if (k != NULL && !k->paused && k->successor == NULL &&
                 s->outgoing && k->resumable && k->via_link >= 0 &&
-                k->via_link != home_link(tp, p, s)) {
+                k->via_link != weft__tcp_home_link(tp, p, s)) {
                 /* Resumed over another link: try its own again, once a
                  * second; the wire moves back if it answers. */
                 busy = 1;
@@ -432,7 +429,7 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now)
                     s->next_move_ms = now + 1000;
                     weft__tcp_dial(tp, p, w, s, 2);
                     if (s->resuming != NULL)
-                        s->resuming->via_link = home_link(tp, p, s);
+                        s->resuming->via_link = weft__tcp_home_link(tp, p, s);
                 }
                 continue;
             }
@@ -606,7 +603,8 @@ int weft__tcp_resume_init(tcp_tp *tp)
                 continue;
             k->resumable = 1;
             k->ret_size = ret;
-            k->via_link = s->alt_link >= 0 ? s->alt_link : home_link(tp, p, s);
+            k->via_link =
+                s->alt_link >= 0 ? s->alt_link : weft__tcp_home_link(tp, p, s);
             any = 1;
         }
     if (any)

@@ -135,8 +135,7 @@ static int plan_slots(tcp_tp *tp, int W, int W_local)
         }
         for (int w = 0; w < n; w++) {
             slot *s = &tp->peers[p].s[w];
-            const uint32_t l = s->relay ? tp->peers[p].s[0].link : s->link;
-            uint8_t req[SPLICE_BYTES];
+            const uint32_t l = (uint32_t)weft__tcp_home_link(tp, p, s);
 
             s->outgoing = tp->rank > p;
             s->port = weft__config_rank_port(cfg, lo);
@@ -144,8 +143,8 @@ static int plan_slots(tcp_tp *tp, int W, int W_local)
             /* Over a path: dialled at the first host between (splice.c). */
             if (s->outgoing && l < (uint32_t)cfg->nlinks &&
                 cfg->links[l].nvia > 0 &&
-                weft__tcp_splice_request(tp, p, l, req, s->addr, sizeof s->addr,
-                                         &s->port) != 0)
+                weft__tcp_path_first(tp, p, l, s->addr, sizeof s->addr,
+                                     &s->port) != 0)
                 return weft__fail(tp->sink, WEFT_ECONFIG,
                                   "rank %d: link %u to peer %d is no path "
                                   "between their hosts",

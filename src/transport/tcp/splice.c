@@ -71,16 +71,21 @@ static const char *end_addr(const weft__config *cfg, int c, int h)
     return lk->end[lk->end[0].host == h ? 0 : 1].addr;
 }
 
-int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out,
-                             char *addr, size_t addrlen, int *port)
+/* Path l from this rank's host to peer p's: the hosts between, in that
+ * order (hosts[0 .. n)), and the cable of each step (cab[0 .. n]). n, or
+ * -1 where l is no path between the two hosts. */
+static int path_steps(const tcp_tp *tp, int p, uint32_t l, int *hosts, int *cab)
 {
     const weft__config *cfg = tp->cfg;
-    const weft__link *lk = &cfg->links[l];
     const int hm = cfg->rank_host[tp->rank], hp = cfg->rank_host[p];
-    int n, fwd, hosts[WEFT__MAX_VIA], cab[WEFT__MAX_VIA + 1], r0;
+    const weft__link *lk;
+    int n, fwd;
 
-    if (l >= (uint32_t)cfg->nlinks || lk->nvia <= 0 ||
-        lk->nvia > WEFT__MAX_VIA || !weft__link_joins(lk, hm, hp))
+    if (l >= (uint32_t)cfg->nlinks)
+        return -1;
+    lk = &cfg->links[l];
+    if (lk->nvia <= 0 || lk->nvia > WEFT__MAX_VIA ||
+        !weft__link_joins(lk, hm, hp))
         return -1;
     n = lk->nvia;
     fwd = lk->end[0].host == hm;
@@ -88,9 +93,30 @@ int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out,
         hosts[i] = fwd ? lk->via[i] : lk->via[n - 1 - i];
     for (int i = 0; i <= n; i++)
         cab[i] = fwd ? lk->hop[i] : lk->hop[n - i];
-    r0 = cfg->hosts[hosts[0]].first_rank;
+    return n;
+}
+
+int weft__tcp_path_first(const tcp_tp *tp, int p, uint32_t l, char *addr,
+                         size_t addrlen, int *port)
+{
+    const weft__config *cfg = tp->cfg;
+    int hosts[WEFT__MAX_VIA], cab[WEFT__MAX_VIA + 1];
+
+    if (path_steps(tp, p, l, hosts, cab) < 0)
+        return -1;
     snprintf(addr, addrlen, "%s", end_addr(cfg, cab[0], hosts[0]));
-    *port = weft__config_rank_port(cfg, r0);
+    *port = weft__config_rank_port(cfg, cfg->hosts[hosts[0]].first_rank);
+    return 0;
+}
+
+int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out)
+{
+    const weft__config *cfg = tp->cfg;
+    int hosts[WEFT__MAX_VIA], cab[WEFT__MAX_VIA + 1];
+    const int n = path_steps(tp, p, l, hosts, cab);
+
+    if (n < 0)
+        return -1;
     memset(out, 0, SPLICE_BYTES);
     weft__put_be32(out, SPLICE_MAGIC);
     weft__put_be32(out + 4, (uint32_t)n); /* steps after the first */
@@ -111,7 +137,7 @@ static void sock_tune(int fd, int wt)
     /* As the wires' own ends (handshake.c, tune_socket): a silent link
      * on either side ends the connection within the wire timeout. */
     if (wt > 0) {
-        unsigned ut = (unsigned)(wt > 500 ? wt - 250 : wt / 2 + 1);
+        unsigned ut = weft__tcp_user_timeout(wt);
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &one, sizeof one);
         setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &one, sizeof one);

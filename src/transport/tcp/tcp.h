@@ -352,6 +352,15 @@ struct tcp_tp {
 
 /* ---- what one file calls in another ---- */
 
+/* TCP_USER_TIMEOUT for a wire timeout of wt ms (> 0). The kernel counts
+ * it from its first retransmission, about the minimum RTO (200 ms) after
+ * the bytes went unanswered: asked for wt itself, a stream noticed a
+ * dropped link after wt + 220-260 ms (bench/failover, wt 1000 and 2000). */
+static inline unsigned weft__tcp_user_timeout(int wt)
+{
+    return (unsigned)(wt > 500 ? wt - 250 : wt / 2 + 1);
+}
+
 /* loop.c: libuv under the SIGPIPE guard (see there), the transport's
  * first failure, the code of a failed read or write (WEFT_EPEER where the
  * peer closed or reset its end), closing a connection, the deadline
@@ -432,6 +441,10 @@ int weft__tcp_resume_housekeep(tcp_tp *tp, uint64_t now);
  * the watch of interfaces that pauses a wire whose interface goes down
  * (or loses its carrier) at once, rather than at the user timeout. */
 int weft__tcp_resume_init(tcp_tp *tp);
+/* The link slot s of peer p runs on when nothing failed: its own, or for
+ * the relay connection, the link of the neighbour's first wire, whose
+ * path it takes (setup.c). */
+int weft__tcp_home_link(const tcp_tp *tp, int p, const slot *s);
 /* handshake.c: connects to peer p for wire w over path's link (path: w's
  * slot or another of p's; resume: to resume it); closes k and tries again
  * later; (re)starts housekeeping. */
@@ -459,11 +472,13 @@ void weft__tcp_setup_closed(conn *k);
  * timeout (2 s where none is set). */
 void weft__tcp_splice_take(conn *k);
 void weft__tcp_splice_stop(tcp_tp *tp);
-/* The splice request for a wire to peer p over path link l, from this
- * rank: written to out (SPLICE_BYTES); the first step's address and port
- * to addr and port. 0, or -1 where l is no path between the two hosts. */
-int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out,
-                             char *addr, size_t addrlen, int *port);
+/* A wire to peer p over path link l, from this rank: where it is dialled
+ * (the first step's address and port), and its splice request (written
+ * to out, SPLICE_BYTES). 0, or -1 where l is no path between the two
+ * hosts. */
+int weft__tcp_path_first(const tcp_tp *tp, int p, uint32_t l, char *addr,
+                         size_t addrlen, int *port);
+int weft__tcp_splice_request(const tcp_tp *tp, int p, uint32_t l, uint8_t *out);
 
 /* relay.c: a relay connection's reads, what progress() hands over (chunks
  * passing through, chunks kept for posted receives), and the entries of
