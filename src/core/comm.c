@@ -22,24 +22,24 @@ const char *weft_last_error(const weft_comm *c)
     return c->x.fail.code != 0 ? c->x.fail.msg : c->x.errmsg;
 }
 
-/* TCP, with shared memory between this rank and the others of its host
- * where there are any (unless WEFT_SHM=0); or ibverbs. */
+/* TCP or ibverbs, with shared memory between this rank and the others
+ * of its host where there are any (unless WEFT_SHM=0), which runs the
+ * other over its own (transport/common.h: weft__tp_far). */
 static const weft__tp_ops *pick_transport(const weft__config *cfg)
 {
     const char *name = cfg->transport;
+    const weft__tp_ops *ops = NULL;
 
-    if (strcmp(name, "tcp") == 0) {
-        for (int r = 0; cfg->shm && r < cfg->nranks; r++)
-            if (r != cfg->rank &&
-                cfg->rank_host[r] == cfg->rank_host[cfg->rank])
-                return &weft__shm_ops;
-        return &weft__tcp_ops;
-    }
+    if (strcmp(name, "tcp") == 0)
+        ops = &weft__tcp_ops;
 #ifdef WEFT_HAVE_IBVERBS
     if (strcmp(name, "ibverbs") == 0)
-        return &weft__ibverbs_ops;
+        ops = &weft__ibverbs_ops;
 #endif
-    return NULL;
+    for (int r = 0; ops != NULL && cfg->shm && r < cfg->nranks; r++)
+        if (r != cfg->rank && cfg->rank_host[r] == cfg->rank_host[cfg->rank])
+            return &weft__shm_ops;
+    return ops;
 }
 
 /* weft_info's text: the settings c runs with, then its table. */

@@ -8,10 +8,11 @@ int weft__hier_local(const weft__config *cfg)
     const int nh = cfg->nhosts;
     const int local = nh > 0 ? cfg->hosts[0].nranks : 0;
 
-    /* The ranks of one host talk over shared memory or loopback under
-     * TCP; the ibverbs transport wires hosts to hosts only. */
+    /* The ranks of one host talk over shared memory (or loopback under
+     * TCP); under ibverbs without shared memory they would go through
+     * the device, which the flat algorithms use as well. */
     if (nh < 2 || local < 2 || local > WEFT__MESH_MAX_RANKS ||
-        strcmp(cfg->transport, "tcp") != 0)
+        (strcmp(cfg->transport, "tcp") != 0 && !cfg->shm))
         return 0;
     for (int h = 0; h < nh; h++) {
         const int next = (h + 1) % nh;

@@ -79,7 +79,9 @@ const weft__param weft__params[WEFT__P_COUNT] = {
                       "the defaults ([tuning](docs/reference.md#tuning))"},
     [WEFT__P_SHM] = {"WEFT_SHM", NUM(INT, shm, 0, 1, 1), SAME | USER,
                      "`1`: ranks of one host exchange data through shared "
-                     "memory; `0`: TCP between them too"},
+                     "memory, whichever transport joins the hosts; `0`: "
+                     "that transport between them too (loopback TCP, or "
+                     "their RDMA device)"},
     [WEFT__P_LOG] = {"WEFT_LOG", NONE(WEFT__PT_DOC), USER,
                      "`error`, `warn` (default), `info` or `debug`, to "
                      "stderr"},

@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "topo/topo.h"
 
+#include <poll.h>
 #include <stdint.h>
 
 /* __SANITIZE_THREAD__ under ThreadSanitizer, as GCC defines it, for clang
@@ -80,5 +81,41 @@ void weft__spin_slept(weft__spin *s, uint64_t slept_ns);
  * spin_ns passed with nothing, or the error of the pass (negative). */
 int weft__tp_spin(uint64_t spin_ns, int (*pass)(void *arg), void *arg,
                   const unsigned *events, unsigned ev);
+
+/* What carries the shared-memory transport's traffic to other hosts
+ * (shm.h), which reaches the ranks of its own host itself: the TCP
+ * transport, or the ibverbs one. create (ops->create) is given params
+ * whose local_wires is 1: the transport opens one TCP connection to each
+ * peer of this host, for the shared-memory set-up and to see the peer
+ * leave, and no data wires to them (posts to them never reach it).
+ * - tcp: that TCP side (the transport itself, or the one it rides on).
+ * - poll: one pass that never blocks: 1 where something happened (a
+ *   completion, a wake()), 0 where not, or the transport's error
+ *   (negative). look: 1 before and after a sleep, where every part is
+ *   looked at; 0 in a spin, where costly parts are looked at only as
+ *   often as they are due.
+ * - sleep_prep: before a sleep in poll(): arms what must be armed and
+ *   passes once more; returns 1 where that pass moved anything (do not
+ *   sleep), else appends its descriptors to pfd (at most max; *n counts
+ *   them), lowers *tmo (ms) to the longest it may sleep and returns 0;
+ *   or the transport's error.
+ * - woke: after that poll(): takes in the events of its descriptors
+ *   (pfd and n as sleep_prep left them). */
+#define WEFT__FAR_FDS 40
+struct weft__tp;
+struct weft__tp_ops;
+typedef struct weft__tp_far {
+    const struct weft__tp_ops *ops;
+    struct weft__tp *(*tcp)(struct weft__tp *tp);
+    int (*poll)(struct weft__tp *tp, int look);
+    int (*sleep_prep)(struct weft__tp *tp, struct pollfd *pfd, int max, int *n,
+                      int *tmo);
+    void (*woke)(struct weft__tp *tp, const struct pollfd *pfd, int n);
+} weft__tp_far;
+
+extern const weft__tp_far weft__tcp_far;
+#ifdef WEFT_HAVE_IBVERBS
+extern const weft__tp_far weft__ib_far;
+#endif
 
 #endif

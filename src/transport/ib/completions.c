@@ -53,10 +53,14 @@ static const char *wr_kind_name(int kind)
  * What this rank waits for from the other peers does not count as long as
  * it moves: an operation that they finish with the landed data succeeds.
  * But the TCP side reports only its first failure, so a peer that goes
- * after it (a survivor that failed on the loss and exited) is not seen
- * going: once nothing has moved (no completion, no post) for TCP_QUIET_MS,
- * the failure is judged whatever this rank waits for. That is also the
- * whole rule where the lost peer is not known. */
+ * after it (a survivor that failed on the loss and exited) is seen going
+ * only where this rank asks the kernel about its connection (others_gone:
+ * a peer it waits for, such as a hierarchical collective's leader of
+ * another host, which the lost peer's ranks do not talk to); that peer
+ * then counts as the lost one does. Otherwise, once nothing has moved (no
+ * completion, no post) for TCP_QUIET_MS, the failure is judged whatever
+ * this rank waits for. That is also the whole rule where the lost peer is
+ * not known. */
 static int tcp_wait_ms(ib_tp *tp)
 {
     uint64_t now = weft__now_ms();
@@ -75,7 +79,7 @@ static int tcp_wait_ms(ib_tp *tp)
 
             if (w->dead && busy)
                 return 0;
-            if (p != tp->tcp_lost)
+            if (p != tp->tcp_lost && p != tp->tcp_gone)
                 continue;
             if (weft__xfer_wanted(w->rq_head) || w->sq_head != NULL)
                 return 0;
@@ -88,6 +92,28 @@ static int tcp_wait_ms(ib_tp *tp)
         }
     }
     return (int)(end - now);
+}
+
+/* After the TCP side failed (it takes no more news): a peer other than
+ * the lost one that this rank waits for (a receive wanted, a frame not
+ * yet written) and whose connection has ended since, asked of the kernel;
+ * else -1. Asked before the completion queues are polled, so that what
+ * that peer wrote before it left is handed over before it counts. */
+static int others_gone(ib_tp *tp)
+{
+    for (int p = 0; tp->tcp_lost >= 0 && p < tp->nranks; p++) {
+        const ib_peer *pe = &tp->peers[p];
+        int waits = 0;
+
+        if (p == tp->tcp_lost)
+            continue;
+        for (int i = 0; i < pe->nwires && !waits; i++)
+            waits = weft__xfer_wanted(pe->w[i].rq_head) ||
+                    pe->w[i].sq_head != NULL;
+        if (waits && weft__tcp_peer_hup(tp->tcp, p))
+            return p;
+    }
+    return -1;
 }
 
 /* Whether a failed completion's status may be its link's: no answer
@@ -379,6 +405,8 @@ static int poll_once(ib_tp *tp, int tcp)
     weft__ib_process_dirty(tp);
     if (tp->err != 0)
         return tp->err;
+    if (tp->tcp_err != 0 && tp->tcp_gone < 0)
+        tp->tcp_gone = others_gone(tp);
     if (tcp_due(tp, tcp) && weft__ib_tcp_news(tp) != 0) {
         /* A peer's connection closed. What it wrote before it completed
          * an operation was acknowledged before that completion, so its
@@ -409,14 +437,18 @@ static int poll_once(ib_tp *tp, int tcp)
     return tp->err;
 }
 
-/* Sleeps until a completion, a TCP event, a wake() or the deadline. */
-int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
+/* Before a sleep: arms the completion queues and passes once more;
+ * returns 1 where that pass moved anything (do not sleep), or appends the
+ * descriptors to sleep on to pfd (at most max; *n counts them: the TCP
+ * side's, then each device's completion channel and async events), lowers
+ * *tmo (ms) to the longest this transport may sleep and returns 0; or the
+ * transport's error. */
+static int sleep_prep(ib_tp *tp, struct pollfd *pfd, int max, int *n,
+                      int *tmo)
 {
     unsigned ev = tp->events;
-    struct pollfd pfd[1 + 2 * MAX_DEVS];
-    ib_dev *owner[1 + 2 * MAX_DEVS];
     uint64_t now;
-    int n = 0, tmo, tt, rc;
+    int tt, rc;
 
     for (ib_dev *d = tp->devs; d != NULL; d = d->next) {
         if (d->cq == NULL || d->armed)
@@ -434,50 +466,77 @@ int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
     if ((rc = poll_once(tp, 1)) != 0)
         return rc;
     if (tp->events != ev)
-        return WEFT_OK;
+        return 1;
+    now = weft__now_ms();
+    tt = weft__tcp_timeout(tp->tcp);
+    if (tt >= 0 && tt < *tmo)
+        *tmo = tt;
+    if (tp->tcp_err != 0 && (tt = tcp_wait_ms(tp)) < *tmo)
+        *tmo = tt;
+    if (tp->fo_work && (tt = weft__ib_fo_wait_ms(tp)) < *tmo)
+        *tmo = tt;
+    if (tp->beat_every_ms > 0 && tp->ready)
+        *tmo = tp->beat_ms <= now                   ? 0
+               : tp->beat_ms - now < (uint64_t)*tmo ? (int)(tp->beat_ms - now)
+                                                    : *tmo;
+    if (*n + 1 > max) {
+        weft__ib_fail(tp, WEFT_ETRANSPORT,
+                      "rank %d: too many descriptors to sleep on", tp->rank);
+        return tp->err;
+    }
+    pfd[(*n)++] = (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
+    for (ib_dev *d = tp->devs; d != NULL && *n + 2 <= max; d = d->next) {
+        if (d->cq == NULL)
+            continue;
+        pfd[(*n)++] = (struct pollfd){.fd = d->ch->fd, .events = POLLIN};
+        pfd[(*n)++] =
+            (struct pollfd){.fd = d->ctx->async_fd, .events = POLLIN};
+    }
+    return 0;
+}
+
+/* After the poll() on what sleep_prep gave: the devices' events. */
+static void woke(ib_tp *tp, const struct pollfd *pfd, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (pfd[i].revents == 0)
+            continue;
+        for (ib_dev *d = tp->devs; d != NULL; d = d->next) {
+            if (d->cq == NULL)
+                continue;
+            if (pfd[i].fd == d->ch->fd)
+                cq_events(d);
+            else if (pfd[i].fd == d->ctx->async_fd)
+                async_events(tp, d);
+            else
+                continue;
+            break;
+        }
+    }
+}
+
+/* Sleeps until a completion, a TCP event, a wake() or the deadline. */
+int weft__ib_block(ib_tp *tp, uint64_t deadline_ms)
+{
+    struct pollfd pfd[1 + 2 * MAX_DEVS];
+    int n = 0, tmo = 60000, rc;
+    uint64_t now;
+
+    if ((rc = sleep_prep(tp, pfd, 1 + 2 * MAX_DEVS, &n, &tmo)) != 0)
+        return rc < 0 ? rc : WEFT_OK;
     now = weft__now_ms();
     if (now >= deadline_ms)
         return WEFT_OK;
-    tmo = deadline_ms - now > 60000 ? 60000 : (int)(deadline_ms - now);
-    tt = weft__tcp_timeout(tp->tcp);
-    if (tt >= 0 && tt < tmo)
-        tmo = tt;
-    if (tp->tcp_err != 0 && (tt = tcp_wait_ms(tp)) < tmo)
-        tmo = tt;
-    if (tp->fo_work && (tt = weft__ib_fo_wait_ms(tp)) < tmo)
-        tmo = tt;
-    if (tp->beat_every_ms > 0 && tp->ready)
-        tmo = tp->beat_ms <= now                  ? 0
-              : tp->beat_ms - now < (uint64_t)tmo ? (int)(tp->beat_ms - now)
-                                                  : tmo;
-    pfd[n].fd = weft__tcp_fd(tp->tcp);
-    pfd[n].events = POLLIN;
-    owner[n++] = NULL;
-    for (ib_dev *d = tp->devs; d != NULL && n + 2 <= 1 + 2 * MAX_DEVS;
-         d = d->next) {
-        if (d->cq == NULL)
-            continue;
-        pfd[n].fd = d->ch->fd;
-        pfd[n].events = POLLIN;
-        owner[n++] = d;
-        pfd[n].fd = d->ctx->async_fd;
-        pfd[n].events = POLLIN;
-        owner[n++] = d;
-    }
+    if (deadline_ms - now < (uint64_t)tmo)
+        tmo = (int)(deadline_ms - now);
     rc = poll(pfd, (nfds_t)n, tmo);
     if (rc < 0 && errno != EINTR) {
         weft__ib_fail(tp, WEFT_ETRANSPORT, "rank %d: poll: %s", tp->rank,
                       strerror(errno));
         return tp->err;
     }
-    for (int i = 1; rc > 0 && i < n; i++) {
-        if (pfd[i].revents == 0)
-            continue;
-        if (pfd[i].fd == owner[i]->ch->fd)
-            cq_events(owner[i]);
-        else
-            async_events(tp, owner[i]);
-    }
+    if (rc > 0)
+        woke(tp, pfd, n);
     return tp->err;
 }
 
@@ -528,3 +587,44 @@ void weft__ib_wake(weft__tp *t)
      * weft__ib_block() sleeps on. */
     weft__tcp_ops.wake(((ib_tp *)t)->tcp);
 }
+
+/* ---- as what carries shared memory's traffic to other hosts ---- */
+
+static weft__tp *far_tcp(weft__tp *t)
+{
+    return ((ib_tp *)t)->tcp;
+}
+
+static int far_poll(weft__tp *t, int look)
+{
+    ib_tp *tp = (ib_tp *)t;
+    unsigned ev = tp->events;
+    int rc;
+
+    if (tp->err != 0)
+        return tp->err;
+    if (tp->shut)
+        return WEFT_EABORTED;
+    if ((rc = poll_once(tp, look)) != 0)
+        return rc;
+    return tp->events != ev;
+}
+
+static int far_sleep_prep(weft__tp *t, struct pollfd *pfd, int max, int *n,
+                          int *tmo)
+{
+    return sleep_prep((ib_tp *)t, pfd, max, n, tmo);
+}
+
+static void far_woke(weft__tp *t, const struct pollfd *pfd, int n)
+{
+    woke((ib_tp *)t, pfd, n);
+}
+
+const weft__tp_far weft__ib_far = {
+    .ops = &weft__ibverbs_ops,
+    .tcp = far_tcp,
+    .poll = far_poll,
+    .sleep_prep = far_sleep_prep,
+    .woke = far_woke,
+};

@@ -43,7 +43,8 @@ static int tcp_lost_peer(const ib_tp *tp)
     /* With a relayed peer in the job, relays may be in flight through the
      * failed TCP side, which the peer's wires do not show. */
     for (int q = 0; q < tp->nranks; q++)
-        if (q != tp->rank && tp->peers[q].nwires == 0)
+        if (q != tp->rank && tp->peers[q].nwires == 0 &&
+            !weft__ib_shm_peer(tp, q))
             return -1;
     return p;
 }
@@ -70,6 +71,7 @@ int weft__ib_tcp_news(ib_tp *tp)
         snprintf(tp->tcp_msg, sizeof tp->tcp_msg, "%s",
                  tp->boot.code != 0 ? tp->boot.msg : weft_strerror(rc));
         tp->tcp_lost = tcp_lost_peer(tp);
+        tp->tcp_gone = -1;
         weft__log(WEFT__LOG_DEBUG, tp->rank,
                   "the TCP side failed (peer %d): %s; judged once what "
                   "landed is handed over",

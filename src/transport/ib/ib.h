@@ -319,6 +319,7 @@ struct ib_tp {
     int tcp_err;
     char tcp_msg[WEFT__ERRMSG_LEN];
     int tcp_lost;         /* the peer it names as gone, or -1 */
+    int tcp_gone;         /* another peer seen gone since (others_gone) */
     uint64_t tcp_err_ms;  /* when it was noticed (weft__now_ms) */
     uint64_t tcp_move_ms; /* when anything last moved since (or a post) */
     int shut;
@@ -344,6 +345,17 @@ struct ib_tp {
     ib_msg *tx_msgs;
     ib_msg *rx_head, *rx_tail;
 };
+
+/* Whether peer p is of this rank's host and reached by the shared-memory
+ * transport that runs this one (weft__ib_far, transport/common.h): it has
+ * no queue pairs, and its TCP connection is shared memory's. */
+static inline int weft__ib_shm_peer(const ib_tp *tp, int p)
+{
+    const weft__config *cfg = tp->p->cfg;
+
+    return tp->p->local_wires > 0 && p != tp->rank &&
+           cfg->rank_host[p] == cfg->rank_host[tp->rank];
+}
 
 /* ---- what one file calls in another ---- */
 

@@ -48,7 +48,10 @@ static int plan(ib_tp *tp)
     for (int p = 0; p < tp->nranks; p++) {
         ib_peer *pe = &tp->peers[p];
         uint32_t links[WEFT__MAX_WIRES];
-        int n = p == tp->rank ? 0 : weft__tcp_ops.nwires(tp->tcp, p), nl;
+        int n = p == tp->rank || weft__ib_shm_peer(tp, p)
+                    ? 0
+                    : weft__tcp_ops.nwires(tp->tcp, p),
+            nl;
 
         if (n == 0)
             continue;
@@ -463,7 +466,8 @@ static int ib_create_guarded(ib_tp *tp)
             break;
         }
     for (int p = 0; p < tp->nranks; p++)
-        if (p != tp->rank && tp->peers[p].nwires == 0)
+        if (p != tp->rank && tp->peers[p].nwires == 0 &&
+            !weft__ib_shm_peer(tp, p))
             tp->tcp_data = 1; /* relayed over the TCP side */
     tp->ready = 1;
     if ((rc = weft__ib_fo_start(tp)) != 0)

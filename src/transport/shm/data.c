@@ -460,14 +460,19 @@ static int judge_dead(shm_wire *w)
 
 /* ---- progress ---- */
 
+/* What a pass does with the transport to other hosts (tp->fo): nothing,
+ * a pass of it, or a look at every part of it (before and after a sleep,
+ * and every SHM_TCP_EVERY_NS where it carries no data). */
+enum { FAR_NONE, FAR_PASS, FAR_LOOK };
+
 /* One pass over every ring, then the completions. Never blocks. Returns
  * WEFT_OK or the transport's error. */
-static int shm_pass(shm_tp *tp, int with_tcp)
+static int shm_pass(shm_tp *tp, int far)
 {
     int rc;
 
-    if (with_tcp) {
-        rc = weft__tcp_poll(tp->tcp);
+    if (far != FAR_NONE) {
+        rc = tp->fo->poll(tp->far, far == FAR_LOOK);
         tp->tcp_ns = weft__now_ns();
         tp->tcp_ticks = shm_ticks();
         if (rc < 0) {
@@ -508,15 +513,20 @@ static int shm_pass(shm_tp *tp, int with_tcp)
     return tp->err;
 }
 
-/* Whether a pass should look at the TCP side: always where it carries
- * other hosts' data, else (a peer's close, a wake()) every
+/* Whether a pass should look at the transport to other hosts: a pass
+ * of it where it carries their data (it looks at its costly parts as
+ * often as they are due), else a look (a peer's close, a wake()) every
  * SHM_TCP_EVERY_NS, since a look costs system calls and a small operation
  * among ranks of one host takes about as long as one. */
 static int tcp_due(shm_tp *tp)
 {
+    if (tp->tcp_data)
+        return FAR_PASS;
     /* The clock costs about as much as a pass: read it every 16th. */
-    return tp->tcp_data || ((++tp->passes & 15) == 0 &&
-                            weft__now_ns() - tp->tcp_ns >= SHM_TCP_EVERY_NS);
+    return (++tp->passes & 15) == 0 &&
+                   weft__now_ns() - tp->tcp_ns >= SHM_TCP_EVERY_NS
+               ? FAR_LOOK
+               : FAR_NONE;
 }
 
 static int spin_pass(void *arg)
@@ -544,9 +554,10 @@ static void drain_doorbell(shm_tp *tp)
 static int shm_block(shm_tp *tp, uint64_t deadline_ms)
 {
     unsigned ev = tp->events;
-    struct pollfd pfd[2];
+    struct pollfd pfd[1 + WEFT__FAR_FDS];
     uint64_t now;
-    int tmo, tt, rc;
+    int tmo, n = 1, prc;
+    int rc;
 
     weft__shm_box_flush(tp);
     set_sleeping(tp, 1);
@@ -554,26 +565,33 @@ static int shm_block(shm_tp *tp, uint64_t deadline_ms)
     /* A peer that moved a ring before it could see the flag: look once
      * more (the flag's store and this look are ordered by the fence in
      * atomic_store). */
-    rc = shm_pass(tp, 1);
+    rc = shm_pass(tp, FAR_LOOK);
     if (rc != 0 || tp->events != ev)
         goto out;
     now = weft__now_ms();
     if (now >= deadline_ms)
         goto out;
     tmo = deadline_ms - now > 60000 ? 60000 : (int)(deadline_ms - now);
-    tt = weft__tcp_timeout(tp->tcp);
-    if (tt >= 0 && tt < tmo)
-        tmo = tt;
     if (tp->box_room && tmo > SHM_BOX_ROOM_MS)
         tmo = SHM_BOX_ROOM_MS;
     pfd[0] = (struct pollfd){.fd = tp->sock, .events = POLLIN};
-    pfd[1] = (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
-    if (poll(pfd, 2, tmo) < 0 && errno != EINTR) {
+    prc = tp->fo->sleep_prep(tp->far, pfd, 1 + WEFT__FAR_FDS, &n, &tmo);
+    if (prc != 0) {
+        if (prc > 0)
+            tp->events++; /* it moved: no sleep */
+        else if (tp->err == 0)
+            tp->err = prc; /* it recorded why */
+        rc = tp->err;
+        goto out;
+    }
+    if ((prc = poll(pfd, (nfds_t)n, tmo)) < 0 && errno != EINTR) {
         weft__shm_fail(tp, WEFT_ETRANSPORT, "rank %d: poll: %s", tp->rank,
                        strerror(errno));
         rc = tp->err;
         goto out;
     }
+    if (prc > 0)
+        tp->fo->woke(tp->far, pfd + 1, n - 1);
     if (pfd[0].revents != 0)
         drain_doorbell(tp);
 out:
@@ -649,7 +667,7 @@ int weft__shm_progress(weft__tp *t, uint64_t deadline_ms)
             return WEFT_ETIMEDOUT;
         if ((rc = shm_block(tp, deadline_ms)) != 0)
             return rc;
-        if ((rc = shm_pass(tp, 1)) != 0)
+        if ((rc = shm_pass(tp, FAR_LOOK)) != 0)
             return rc;
         if (tp->events != ev) {
             weft__spin_slept(&tp->spin, weft__now_ns() - slept);
@@ -664,10 +682,11 @@ void weft__shm_wake(weft__tp *t)
 
     /* A spinning progress() sees the flag; a sleeping one (it raises
      * asleep, then looks at woken once more, as poke() and the rings do)
-     * needs weft__tcp_fd() made readable. */
+     * needs the far transport's wake-up (its TCP side's descriptor made
+     * readable). */
     atomic_store(&tp->woken, 1);
     if (atomic_load(&tp->asleep) != 0)
-        weft__tcp_ops.wake(tp->tcp);
+        tp->fo->ops->wake(tp->far);
 }
 
 /* ---- posting ---- */
@@ -698,7 +717,7 @@ int weft__shm_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
     if ((rc = post_wire(tp, p, wi, &w)) != 0)
         return rc;
     if (w == NULL)
-        return weft__tcp_ops.post_send(tp->tcp, p, wi, x);
+        return tp->fo->ops->post_send(tp->far, p, wi, x);
     /* A send to a peer that has left must fail rather than vanish into
      * the ring. A peer that finalized or failed says so in the segment;
      * one that died only closed its TCP connection, which the kernel is
@@ -746,7 +765,7 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
     if ((rc = post_wire(tp, p, wi, &w)) != 0)
         return rc;
     if (w == NULL)
-        return weft__tcp_ops.post_recv(tp->tcp, p, wi, x);
+        return tp->fo->ops->post_recv(tp->far, p, wi, x);
     x->got = 0;
     weft__xq_push(&w->rq_head, &w->rq_tail, x);
     /* What already landed is handed over by progress(), for every
@@ -758,10 +777,14 @@ int weft__shm_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
 
 int weft__shm_relay_send(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay->send(((shm_tp *)t)->tcp, peer, x);
+    shm_tp *tp = (shm_tp *)t;
+
+    return tp->fo->ops->relay->send(tp->far, peer, x);
 }
 
 int weft__shm_relay_recv(weft__tp *t, int peer, weft__xfer *x)
 {
-    return weft__tcp_ops.relay->recv(((shm_tp *)t)->tcp, peer, x);
+    shm_tp *tp = (shm_tp *)t;
+
+    return tp->fo->ops->relay->recv(tp->far, peer, x);
 }

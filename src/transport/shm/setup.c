@@ -450,8 +450,8 @@ static int setup_wait(shm_tp *tp, int segs, const char *phase)
     uint64_t deadline = tp->p->deadline_ms;
 
     for (;;) {
-        struct pollfd pfd[2];
-        int rc = weft__tcp_poll(tp->tcp), sending = 0, tmo, tt;
+        struct pollfd pfd[1 + WEFT__FAR_FDS];
+        int rc = tp->fo->poll(tp->far, 1), sending = 0, tmo, n = 1;
         uint64_t now;
 
         if (rc < 0)
@@ -475,16 +475,19 @@ static int setup_wait(shm_tp *tp, int segs, const char *phase)
                 "with the same WEFT_SHM",
                 tp->rank, phase);
         tmo = deadline - now > 1000 ? 1000 : (int)(deadline - now);
-        tt = weft__tcp_timeout(tp->tcp);
-        if (tt >= 0 && tt < tmo)
-            tmo = tt;
         if (sending > 0 && tmo > 1)
             tmo = 1; /* a peer's socket queue was full: try again soon */
         pfd[0] = (struct pollfd){.fd = tp->sock, .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
-        if (poll(pfd, 2, tmo) < 0 && errno != EINTR)
+        rc = tp->fo->sleep_prep(tp->far, pfd, 1 + WEFT__FAR_FDS, &n, &tmo);
+        if (rc < 0)
+            return rc;
+        if (rc > 0)
+            continue; /* it moved: look again */
+        if ((rc = poll(pfd, (nfds_t)n, tmo)) < 0 && errno != EINTR)
             return weft__fail(tp->p->sink, WEFT_ETRANSPORT, "rank %d: poll: %s",
                               tp->rank, strerror(errno));
+        if (rc > 0)
+            tp->fo->woke(tp->far, pfd + 1, n - 1);
     }
 }
 
@@ -619,7 +622,7 @@ static void shm_cable_wires(weft__tp *t, int p, weft_wire_info *out)
     memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks || p == tp->rank || tp->local[p] != NULL)
         return;
-    weft__tcp_ops.cable_wires(tp->tcp, p, out);
+    tp->fo->ops->cable_wires(tp->far, p, out);
 }
 
 static int shm_nwires(weft__tp *t, int p)
@@ -630,7 +633,7 @@ static int shm_nwires(weft__tp *t, int p)
         return 0;
     if (tp->local[p] != NULL)
         return 1;
-    return weft__tcp_ops.nwires(tp->tcp, p);
+    return tp->fo->ops->nwires(tp->far, p);
 }
 
 /* Hands back the buffers of one-copy records: a peer that reads one after
@@ -661,8 +664,8 @@ static void shm_shutdown(weft__tp *t)
         w->rq_head = w->rq_tail = NULL;
     }
     tp->done_head = tp->done_tail = NULL;
-    if (tp->tcp != NULL)
-        weft__tcp_ops.shutdown(tp->tcp);
+    if (tp->far != NULL)
+        tp->fo->ops->shutdown(tp->far);
 }
 
 static void shm_destroy(weft__tp *t)
@@ -686,8 +689,8 @@ static void shm_destroy(weft__tp *t)
     if (tp->sock >= 0)
         close(tp->sock);
     /* Closing the TCP side tells the peers this rank has left. */
-    if (tp->tcp != NULL)
-        weft__tcp_ops.destroy(tp->tcp);
+    if (tp->far != NULL)
+        tp->fo->ops->destroy(tp->far);
     free(tp->wires);
     free(tp->local);
     free(tp);
@@ -744,13 +747,19 @@ static int shm_create(const weft__tp_params *p, weft__tp **out)
     tp->cma_bytes = p->cfg->shm_cma_bytes;
     weft__spin_init(&tp->spin, p->cfg);
     tp->probe = random64();
-    /* The TCP side: every wire of plain TCP, but one connection to each
-     * peer of this host (set-up and liveness only). */
+    /* Other hosts: every wire of plain TCP or ibverbs, and one TCP
+     * connection to each peer of this host (set-up and liveness only). */
+    tp->fo = &weft__tcp_far;
+#ifdef WEFT_HAVE_IBVERBS
+    if (strcmp(p->cfg->transport, "ibverbs") == 0)
+        tp->fo = &weft__ib_far;
+#endif
     tp->tcp_p = *p;
     tp->tcp_p.local_wires = 1;
-    if ((rc = plan(tp)) != 0 ||
-        (rc = weft__tcp_create_wires(&tp->tcp_p, &tp->tcp)) != 0 ||
-        (rc = exchange(tp)) != 0) {
+    if ((rc = plan(tp)) == 0 &&
+        (rc = tp->fo->ops->create(&tp->tcp_p, &tp->far)) == 0)
+        tp->tcp = tp->fo->tcp(tp->far);
+    if (rc != 0 || (rc = exchange(tp)) != 0) {
         shm_destroy((weft__tp *)tp);
         return rc;
     }

@@ -1,6 +1,7 @@
 /*
  * Shared-memory transport: ranks of one host exchange frames through
- * shared rings, everything else goes over the TCP transport. What the
+ * shared rings, everything else goes over the transport that joins the
+ * hosts (TCP or ibverbs, through weft__tp_far: transport/common.h). What the
  * files of src/transport/shm/ share; only they include this header (the
  * engine sees the transport through weft__shm_ops).
  *
@@ -11,9 +12,10 @@
  * host), wake.c (failures, and waking the peers that sleep, for data.c
  * and box.c).
  *
- * The TCP side: create() opens the TCP transport for the whole job (with
- * one loopback connection per peer of this host instead of `wires`). Peers
- * on other hosts use it for everything, as plain TCP would. To a peer of
+ * The TCP side: create() opens the far transport for the whole job, with
+ * one loopback TCP connection per peer of this host instead of `wires`
+ * (under ibverbs: its TCP side's, and no queue pairs to them). Peers on
+ * other hosts use it for everything, as plain TCP or ibverbs would. To a peer of
  * this host the connection carries only the set-up messages; after that it
  * stays open, so that the peer's death (or its finalize) closes it, which
  * this rank sees at once even while it only waits. Its leaving is noted,
@@ -292,6 +294,12 @@ typedef struct shm_wire {
 struct shm_tp {
     const weft__tp_params *p;
     weft__tp_params tcp_p; /* the same, with one loopback wire per peer */
+    /* What carries the traffic to other hosts (TCP or ibverbs), and its
+     * TCP side, whose one connection to each peer of this host carries the
+     * set-up messages and shows the peer's leaving (the same transport
+     * where far is TCP). */
+    const weft__tp_far *fo;
+    weft__tp *far;
     weft__tp *tcp;
     int rank;
     int nranks;

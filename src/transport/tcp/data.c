@@ -732,3 +732,42 @@ int weft__tcp_timeout(weft__tp *t)
 {
     return uv_backend_timeout(&((tcp_tp *)t)->loop);
 }
+
+/* ---- as what carries shared memory's traffic to other hosts ---- */
+
+static weft__tp *far_tcp(weft__tp *t)
+{
+    return t;
+}
+
+static int far_poll(weft__tp *t, int look)
+{
+    (void)look;
+    return weft__tcp_poll(t);
+}
+
+static int far_sleep_prep(weft__tp *t, struct pollfd *pfd, int max, int *n,
+                          int *tmo)
+{
+    int tt = weft__tcp_timeout(t);
+
+    if (*n >= max)
+        return WEFT_ETRANSPORT;
+    if (tt >= 0 && tt < *tmo)
+        *tmo = tt;
+    pfd[(*n)++] = (struct pollfd){.fd = weft__tcp_fd(t), .events = POLLIN};
+    return 0;
+}
+
+static void far_woke(weft__tp *t, const struct pollfd *pfd, int n)
+{
+    (void)t, (void)pfd, (void)n; /* the next weft__tcp_poll takes them */
+}
+
+const weft__tp_far weft__tcp_far = {
+    .ops = &weft__tcp_ops,
+    .tcp = far_tcp,
+    .poll = far_poll,
+    .sleep_prep = far_sleep_prep,
+    .woke = far_woke,
+};
