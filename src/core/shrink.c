@@ -335,13 +335,10 @@ static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
                                               : "127.0.0.1");
         return 1;
     }
-    for (int l = 0; l < cfg->nlinks && n < max; l++) {
-        const weft__link *lk = &cfg->links[l];
-
-        for (int e = 0; e < 2 && n < max && lk->nvia == 0; e++)
-            if (lk->end[e].host == hq && lk->end[1 - e].host == hm)
-                snprintf(out[n++], 64, "%s", lk->end[e].addr);
-    }
+    for (int l = 0; l < cfg->nlinks && n < max; l++)
+        if (weft__cable_joins(&cfg->links[l], hq, hm))
+            snprintf(out[n++], 64, "%s",
+                     weft__link_addr(&cfg->links[l], hq));
     return n;
 }
 

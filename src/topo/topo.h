@@ -224,6 +224,12 @@ static inline int weft__link_joins(const weft__link *lk, int ha, int hb)
            (lk->end[0].host == hb && lk->end[1].host == ha);
 }
 
+/* The address of host h's end of link lk (h is one of its ends). */
+static inline const char *weft__link_addr(const weft__link *lk, int h)
+{
+    return lk->end[lk->end[0].host == h ? 0 : 1].addr;
+}
+
 /* 1 when lk is a cable that joins hosts ha and hb. */
 static inline int weft__cable_joins(const weft__link *lk, int ha, int hb)
 {

@@ -193,6 +193,7 @@ static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
 {
     ib_wire *w = (ib_wire *)(uintptr_t)(wc->wr_id & ~(uint64_t)WR_KIND_MASK);
     int kind = (int)(wc->wr_id & WR_KIND_MASK);
+    uint64_t covered = 1;
 
     /* A queue pair that failover retired (failover.c): what it still
      * reports is not counted (the peer resends from the count this end
@@ -201,7 +202,10 @@ static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
         return;
     switch (kind) {
     case WR_DATA:
-        w->s_wr--;
+        /* A signalled write: it and the unsignalled ones before it. */
+        if (wc->status == IBV_WC_SUCCESS && w->sig_done < w->sig_posted)
+            covered = w->sig[w->sig_done++ % (uint64_t)tp->slots] - w->s_done;
+        w->s_wr -= (int)covered;
         break;
     case WR_CREDIT:
         w->s_wr--;
@@ -228,7 +232,7 @@ static void wc_handle(ib_tp *tp, const ib_dev *d, const struct ibv_wc *wc)
     if (kind == WR_BEAT)
         return;
     if (kind == WR_DATA)
-        w->s_done++;
+        w->s_done += covered;
     /* A free slot or send request: queued sends or credits may go. */
     tp->events++;
     weft__ib_wire_kick(w);

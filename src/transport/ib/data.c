@@ -141,40 +141,80 @@ static void rx_drain(ib_wire *w)
     }
 }
 
-/* RDMA-writes len bytes of send slot `slot` into the same slot of the
- * peer's receive ring; the immediate carries the length. */
-static int post_write(ib_wire *w, uint32_t slot, size_t len)
+/* The slot writes of one flush, posted together (chain_post). */
+typedef struct {
+    struct ibv_send_wr wr[IB_CHAIN];
+    struct ibv_sge sge[IB_CHAIN];
+    uint64_t at[IB_CHAIN]; /* s_posted after each write */
+    int n;
+} chain;
+
+/* Posts the chain's writes with one call. Only the last asks for a
+ * completion, and any that ends half a ring of writes since the last that
+ * asked: a completion says every earlier write on the queue pair
+ * completed too (wc_handle counts them), the last one keeps a flush from
+ * leaving writes that no completion will ever cover, and the half ring
+ * frees slots while the ring still has writes to go. */
+static int chain_post(ib_wire *w, chain *ch)
 {
     ib_tp *tp = w->tp;
-    size_t off = (size_t)slot * tp->slot_bytes;
-    struct ibv_sge sge = {
-        .addr = (uintptr_t)(w->sring + off),
-        .length = (uint32_t)len,
-        .lkey = w->smr->lkey,
-    };
-    struct ibv_send_wr wr, *bad = NULL;
+    uint64_t half = tp->slots / 2 > 0 ? (uint64_t)tp->slots / 2 : 1;
+    uint64_t last = w->sig_posted > 0
+                        ? w->sig[(w->sig_posted - 1) % (uint64_t)tp->slots]
+                        : w->s_done;
+    struct ibv_send_wr *bad = NULL;
     int rc;
 
-    memset(&wr, 0, sizeof wr);
-    wr.wr_id = (uintptr_t)w | WR_DATA;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    if (len <= w->max_inline)
-        wr.send_flags |= IBV_SEND_INLINE;
-    wr.imm_data = htonl((uint32_t)len);
-    wr.wr.rdma.remote_addr = w->raddr + off;
-    wr.wr.rdma.rkey = w->rkey;
-    rc = ibv_post_send(w->qp, &wr, &bad);
+    if (ch->n == 0)
+        return 0;
+    for (int i = 0; i < ch->n; i++) {
+        ch->wr[i].next = i + 1 < ch->n ? &ch->wr[i + 1] : NULL;
+        if (i + 1 == ch->n || ch->at[i] - last >= half) {
+            ch->wr[i].send_flags |= IBV_SEND_SIGNALED;
+            w->sig[w->sig_posted++ % (uint64_t)tp->slots] = ch->at[i];
+            last = ch->at[i];
+            tp->signalled++;
+        }
+    }
+    tp->writes += (uint64_t)ch->n;
+    ch->n = 0;
+    rc = ibv_post_send(w->qp, &ch->wr[0], &bad);
     if (rc != 0) {
         weft__ib_wire_failed(w, WEFT_ETRANSPORT, "ibv_post_send (RDMA write)",
                              strerror(rc));
         return -1;
     }
+    return 0;
+}
+
+/* Adds to the chain an RDMA write of len bytes of send slot `slot` into
+ * the same slot of the peer's receive ring (the immediate carries the
+ * length); posts the chain once it is full. */
+static int post_write(ib_wire *w, chain *ch, uint32_t slot, size_t len)
+{
+    ib_tp *tp = w->tp;
+    size_t off = (size_t)slot * tp->slot_bytes;
+    struct ibv_send_wr *wr = &ch->wr[ch->n];
+
+    ch->sge[ch->n] = (struct ibv_sge){
+        .addr = (uintptr_t)(w->sring + off),
+        .length = (uint32_t)len,
+        .lkey = w->smr->lkey,
+    };
+    memset(wr, 0, sizeof *wr);
+    wr->wr_id = (uintptr_t)w | WR_DATA;
+    wr->sg_list = &ch->sge[ch->n];
+    wr->num_sge = 1;
+    wr->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (len <= w->max_inline)
+        wr->send_flags = IBV_SEND_INLINE;
+    wr->imm_data = htonl((uint32_t)len);
+    wr->wr.rdma.remote_addr = w->raddr + off;
+    wr->wr.rdma.rkey = w->rkey;
     w->s_posted++;
     w->s_wr++;
-    return 0;
+    ch->at[ch->n++] = w->s_posted;
+    return ch->n == IB_CHAIN ? chain_post(w, ch) : 0;
 }
 
 /* Whether `count` completed slot writes have reached a frame's mark. Marks
@@ -200,7 +240,9 @@ static void tx_flush(ib_wire *w)
     ib_tp *tp = w->tp;
     uint64_t K = (uint64_t)tp->slots;
     size_t S = tp->slot_bytes;
+    chain ch;
 
+    ch.n = 0;
     while ((w->sq_head != NULL || w->s_posted < w->replay_end) &&
            tp->err == 0 && !tp->shut && !w->dead && w->fo == FO_UP) {
         uint32_t slot;
@@ -212,7 +254,7 @@ static void tx_flush(ib_wire *w)
             break;
         slot = (uint32_t)(w->s_posted % K);
         if (w->s_posted < w->replay_end) {
-            if (post_write(w, slot, w->s_len[slot]) != 0)
+            if (post_write(w, &ch, slot, w->s_len[slot]) != 0)
                 return;
             continue;
         }
@@ -236,9 +278,10 @@ static void tx_flush(ib_wire *w)
             }
         }
         w->s_len[slot] = (uint32_t)fill;
-        if (fill > 0 && post_write(w, slot, fill) != 0)
+        if (fill > 0 && post_write(w, &ch, slot, fill) != 0)
             return;
     }
+    chain_post(w, &ch);
 }
 
 /* Completes, in order, the frames whose last byte's slot write has

@@ -273,6 +273,7 @@ static int retire_qp(ib_tp *tp, ib_wire *w)
     w->qp = NULL;
     w->qpn = 0;
     w->s_wr = w->c_wr = w->r_wr = 0;
+    w->sig_posted = w->sig_done = 0;
     w->epoch++;
     return WEFT_OK;
 }

@@ -34,7 +34,8 @@
  * sender copies the bytes of its posted frames, in order, into its next
  * send slot (several small frames share a slot: a wire is a byte stream)
  * and RDMA-writes the slot with immediate (its length) into the same slot
- * of the peer's receive ring. It needs a credit for that: the peer's count
+ * of the peer's receive ring (the writes of one flush in one chain, only
+ * the last and one in every half ring signalled: data.c, chain_post). It needs a credit for that: the peer's count
  * of slots it has consumed, which the peer returns with zero-length
  * SEND_WITH_IMM messages every half ring, so a sender never overruns its
  * receiver. The receiver keeps zero-length receive requests posted; each
@@ -125,6 +126,8 @@ _Static_assert(1 <= IB_HDR_BYTES && 4 <= IB_QP_BYTES &&
                "a goodbye or a failover message fits in the buffer of the "
                "set-up message");
 #define CQ_BATCH 32
+/* Slot writes posted in one chain (data.c: tx_flush). */
+#define IB_CHAIN 16
 /* Writes up to this long go inline where the device allows it (the
  * frames of a small call: headers and a few bytes of data). */
 #define IB_INLINE_BYTES 256
@@ -199,6 +202,13 @@ typedef struct ib_wire {
     weft__xfer *wq_head, *wq_tail;
     uint64_t s_posted;  /* slots written */
     uint64_t s_done;    /* slot writes completed (the local slot is free) */
+    /* Selective signalling (data.c: tx_flush): the slot writes of one
+     * flush are posted as one chain in which only the last, and one in
+     * every half ring, asks for a completion; that completion says that
+     * every write before it completed too. sig[n % slots] is s_posted
+     * after the n-th such write; sig_posted and sig_done count them. */
+    uint64_t *sig;
+    uint64_t sig_posted, sig_done;
     uint64_t s_credit;  /* slots the peer has consumed, as it told us */
     uint64_t s_landed;  /* slots landed at the peer, as its goodbye said */
     int bye;            /* the goodbye of this wire's link has come */
@@ -327,6 +337,9 @@ struct ib_tp {
     int nleft;         /* peers that said goodbye */
     int setup_pending; /* TCP frames of the set-up still in flight */
     unsigned events;
+    /* Slot writes posted, and those that asked for a completion (said at
+     * destroy, WEFT_LOG=debug). */
+    uint64_t writes, signalled;
     /* The TCP side is looked at on every pass where it carries relayed
      * messages (a peer with no wires), else every IB_TCP_EVERY_NS while
      * spinning (completions.c: tcp_due): a look costs system calls. */

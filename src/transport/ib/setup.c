@@ -185,6 +185,7 @@ int weft__ib_qp_make(ib_tp *tp, ib_wire *w, ib_dev *d)
     d->nqp_made++;
     w->qpn = w->qp->qp_num;
     w->s_wr = w->c_wr = w->r_wr = 0;
+    w->sig_posted = w->sig_done = 0;
     if ((rc = ibv_modify_qp(w->qp, &qa,
                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
                                 IBV_QP_ACCESS_FLAGS)) != 0)
@@ -219,7 +220,8 @@ static int wire_setup(ib_tp *tp, ib_wire *w)
     w->rring = p;
     w->r_len = calloc((size_t)tp->slots, sizeof *w->r_len);
     w->s_len = calloc((size_t)tp->slots, sizeof *w->s_len);
-    if (w->r_len == NULL || w->s_len == NULL)
+    w->sig = calloc((size_t)tp->slots, sizeof *w->sig);
+    if (w->r_len == NULL || w->s_len == NULL || w->sig == NULL)
         return WEFT_ENOMEM;
     /* A port down: the wire's queue pair is made where it starts, on
      * another link (weft__ib_exchange). */
@@ -341,6 +343,11 @@ static void ib_destroy(weft__tp *t)
         weft__ib_say_bye(tp);
     }
     tp->shut = 1;
+    if (tp->writes > 0)
+        weft__log(WEFT__LOG_DEBUG, tp->rank,
+                  "ibverbs: %llu slot writes, %llu of them signalled",
+                  (unsigned long long)tp->writes,
+                  (unsigned long long)tp->signalled);
     /* Reverse order of creation: queue pairs, memory regions and rings,
      * then per device its CQ, completion channel, PD and context. */
     for (int p = 0; tp->peers != NULL && p < tp->nranks; p++) {
@@ -361,6 +368,7 @@ static void ib_destroy(weft__tp *t)
             free(w->sring);
             free(w->r_len);
             free(w->s_len);
+            free(w->sig);
         }
         for (int i = 0; i < pe->nlinks; i++) {
             free(pe->links[i].out);

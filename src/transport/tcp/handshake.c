@@ -805,7 +805,7 @@ void weft__tcp_nudge(tcp_tp *tp, int p, int w)
             cfg->links[on].nvia > 0)
             continue; /* loopback too, and paths (no address of the peer) */
         lk = &cfg->links[on];
-        addr = lk->end[lk->end[0].host == cfg->rank_host[p] ? 0 : 1].addr;
+        addr = weft__link_addr(lk, cfg->rank_host[p]);
     }
     if (addr == NULL || uv_ip4_addr(addr, port, &sa) != 0 ||
         (k = conn_new(tp)) == NULL)

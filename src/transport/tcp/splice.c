@@ -67,8 +67,7 @@ typedef struct tcp_splice {
 /* The address of host h's end of cable c. */
 static const char *end_addr(const weft__config *cfg, int c, int h)
 {
-    const weft__link *lk = &cfg->links[c];
-    return lk->end[lk->end[0].host == h ? 0 : 1].addr;
+    return weft__link_addr(&cfg->links[c], h);
 }
 
 /* Path l from this rank's host to peer p's: the hosts between, in that
