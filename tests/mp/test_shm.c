@@ -4,7 +4,9 @@
  * WEFT_EPEER at once (not at the deadline) whether this rank receives,
  * sends through a full ring or waits for a one-copy read, nothing is left
  * in /dev/shm after a crash, and where the kernel refuses cross-memory
- * reads the frames go through the ring with the same results.
+ * reads the frames go through the ring with the same results; under
+ * WEFT_TRANSPORT=ibverbs, a job of one host runs over shared memory
+ * alone, needing no RDMA device.
  * (Every collective over shared memory is in test_collectives.)
  */
 #define _GNU_SOURCE
@@ -22,6 +24,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "harness.h"
 #include "weft.h"
 
@@ -95,6 +98,85 @@ Test(shm, on_by_default)
 Test(shm, off_with_weft_shm_0)
 {
     run_segments("0", 0);
+}
+
+/* Under ibverbs, ranks of one host talk through shared memory alone:
+ * the transport opens no device (this host may have none) and weft_info
+ * says so. Each checks an all_reduce of 4 MiB (one-copy reads where the
+ * kernel allows them), an all_gather, a broadcast and a send/recv ring.
+ * Where ibverbs is not built, weft_init is WEFT_ENOTSUP. */
+static int ibverbs_rank(int rank, int nranks, void *arg)
+{
+    enum { N = 1 << 20, G = 1000 };
+    weft_comm *c;
+    int rc = mp_init(&c, rank, nranks), fail = 0, got = -1;
+    float *v;
+    int32_t g[8 * G], mine[G];
+    const char *info;
+
+    (void)arg;
+#ifndef WEFT_HAVE_IBVERBS
+    return rc != WEFT_ENOTSUP;
+#endif
+    if (rc != WEFT_OK)
+        return 1;
+    info = weft_info(c);
+    if (info == NULL || strstr(info, "transport=ibverbs+shm ") == NULL) {
+        mp_log("weft_info: %s", info != NULL ? info : "(null)");
+        fail = 1;
+    }
+    if ((v = malloc(sizeof *v * N)) == NULL)
+        return 1;
+    for (int i = 0; i < N; i++)
+        v[i] = (float)(rank + i % 13);
+    rc = weft_all_reduce(c, v, v, N, WEFT_FLOAT32, WEFT_SUM);
+    for (int i = 0; rc == WEFT_OK && i < N; i++)
+        if (v[i] != (float)(nranks * (nranks - 1) / 2 + nranks * (i % 13))) {
+            mp_log("all_reduce: element %d is %g", i, (double)v[i]);
+            rc = WEFT_EINVAL;
+        }
+    free(v);
+    for (int i = 0; rc == WEFT_OK && i < G; i++)
+        mine[i] = rank * G + i;
+    if (rc == WEFT_OK)
+        rc = weft_all_gather(c, mine, g, G, WEFT_INT32);
+    for (int i = 0; rc == WEFT_OK && i < nranks * G; i++)
+        if (g[i] != i) {
+            mp_log("all_gather: element %d is %d", i, (int)g[i]);
+            rc = WEFT_EINVAL;
+        }
+    for (int i = 0; rc == WEFT_OK && i < G; i++)
+        mine[i] = rank == 1 ? 7 * i : -1;
+    if (rc == WEFT_OK)
+        rc = weft_broadcast(c, mine, G, WEFT_INT32, 1);
+    for (int i = 0; rc == WEFT_OK && i < G; i++)
+        if (mine[i] != 7 * i) {
+            mp_log("broadcast: element %d is %d", i, (int)mine[i]);
+            rc = WEFT_EINVAL;
+        }
+    if (rc == WEFT_OK)
+        rc = weft_sendrecv(c, &rank, (rank + 1) % nranks, &got,
+                           (rank + nranks - 1) % nranks, 1, WEFT_INT32);
+    if (rc == WEFT_OK && got != (rank + nranks - 1) % nranks) {
+        mp_log("sendrecv: got %d", got);
+        rc = WEFT_EINVAL;
+    }
+    if (rc != WEFT_OK)
+        fail |= mp_report_rc(c, "a collective under ibverbs", rc);
+    return weft_finalize(c) != WEFT_OK || fail;
+}
+
+Test(shm, ibverbs_one_host_needs_no_device, .timeout = 120)
+{
+    struct mp_opts o = {.nranks = 4, .timeout_ms = TIMEOUT_MS};
+    struct mp_result res;
+    char buf[1024];
+
+    setenv("WEFT_TRANSPORT", "ibverbs", 1);
+    setenv("WEFT_SHM", "1", 1);
+    cr_assert_eq(mp_run(&o, ibverbs_rank, NULL, &res), 0);
+    unsetenv("WEFT_TRANSPORT");
+    cr_assert(mp_all_passed(&res), "%s", mp_describe(&res, buf, sizeof buf));
 }
 
 Test(shm, bad_setting_is_econfig)

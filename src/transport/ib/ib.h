@@ -323,6 +323,7 @@ struct ib_tp {
     ib_dev *devs;
     struct ibv_device **devlist;
     int ndevices;
+    int devlist_err; /* errno of ibv_get_device_list where it failed */
     int err;
     /* A failure of the TCP side (a peer's connection closed), noticed but
      * not yet judged, and its message (poll_once). */

@@ -82,6 +82,14 @@ static int plan(ib_tp *tp)
             for (int k = 0; k < W; k++) {
                 ib_wire *w = &pe->w[i * W + k];
 
+                if (tp->devlist == NULL)
+                    return weft__fail(tp->p->sink, WEFT_ECONFIG,
+                                      "rank %d: no RDMA devices: "
+                                      "ibv_get_device_list: %s (is an RDMA "
+                                      "driver loaded, or for Soft-RoCE, "
+                                      "`rdma link add` done?)",
+                                      tp->rank, strerror(tp->devlist_err));
+
                 w->tp = tp;
                 w->peer = p;
                 w->w = i * W + k;
@@ -435,14 +443,13 @@ static int ib_create_guarded(ib_tp *tp)
     /* weft_init's one deadline covers the TCP wires and this set-up
      * alike. */
     deadline = tp->p->deadline_ms;
+    /* Without devices, only a job whose every peer shares this rank's
+     * host (shared memory) can run: plan says so where a wire needs one. */
     tp->devlist = ibv_get_device_list(&tp->ndevices);
-    if (tp->devlist == NULL)
-        return weft__fail(tp->p->sink, WEFT_ECONFIG,
-                          "rank %d: no RDMA devices: "
-                          "ibv_get_device_list: %s (is an RDMA driver "
-                          "loaded, or for Soft-RoCE, `rdma link add` "
-                          "done?)",
-                          tp->rank, strerror(errno));
+    if (tp->devlist == NULL) {
+        tp->ndevices = 0;
+        tp->devlist_err = errno;
+    }
     if ((rc = plan(tp)) != 0)
         return rc;
     for (ib_dev *d = tp->devs; d != NULL; d = d->next)
