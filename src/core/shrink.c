@@ -337,8 +337,7 @@ static int rank_addrs(const weft__config *cfg, int me, int q, char out[][64],
     }
     for (int l = 0; l < cfg->nlinks && n < max; l++)
         if (weft__cable_joins(&cfg->links[l], hq, hm))
-            snprintf(out[n++], 64, "%s",
-                     weft__link_addr(&cfg->links[l], hq));
+            snprintf(out[n++], 64, "%s", weft__link_addr(&cfg->links[l], hq));
     return n;
 }
 

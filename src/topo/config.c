@@ -460,8 +460,8 @@ int weft__config_load(weft__config *cfg, const weft_config *uc, char *errmsg,
         return rc;
     /* Ranks of one host talk over shared memory (under ibverbs too), or
      * over loopback under TCP. */
-    one_host = cfg->nhosts == 1 &&
-               (cfg->shm || strcmp(cfg->transport, "tcp") == 0);
+    one_host =
+        cfg->nhosts == 1 && (cfg->shm || strcmp(cfg->transport, "tcp") == 0);
     resolve_auto(cfg, raw, one_host);
     sizes(cfg);
     cfg->hier_local = weft__hier_local(cfg);

@@ -108,8 +108,8 @@ static int others_gone(ib_tp *tp)
         if (p == tp->tcp_lost)
             continue;
         for (int i = 0; i < pe->nwires && !waits; i++)
-            waits = weft__xfer_wanted(pe->w[i].rq_head) ||
-                    pe->w[i].sq_head != NULL;
+            waits =
+                weft__xfer_wanted(pe->w[i].rq_head) || pe->w[i].sq_head != NULL;
         if (waits && weft__tcp_peer_hup(tp->tcp, p))
             return p;
     }
@@ -447,8 +447,7 @@ static int poll_once(ib_tp *tp, int tcp)
  * side's, then each device's completion channel and async events), lowers
  * *tmo (ms) to the longest this transport may sleep and returns 0; or the
  * transport's error. */
-static int sleep_prep(ib_tp *tp, struct pollfd *pfd, int max, int *n,
-                      int *tmo)
+static int sleep_prep(ib_tp *tp, struct pollfd *pfd, int max, int *n, int *tmo)
 {
     unsigned ev = tp->events;
     uint64_t now;
@@ -488,13 +487,13 @@ static int sleep_prep(ib_tp *tp, struct pollfd *pfd, int max, int *n,
                       "rank %d: too many descriptors to sleep on", tp->rank);
         return tp->err;
     }
-    pfd[(*n)++] = (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
+    pfd[(*n)++] =
+        (struct pollfd){.fd = weft__tcp_fd(tp->tcp), .events = POLLIN};
     for (ib_dev *d = tp->devs; d != NULL && *n + 2 <= max; d = d->next) {
         if (d->cq == NULL)
             continue;
         pfd[(*n)++] = (struct pollfd){.fd = d->ch->fd, .events = POLLIN};
-        pfd[(*n)++] =
-            (struct pollfd){.fd = d->ctx->async_fd, .events = POLLIN};
+        pfd[(*n)++] = (struct pollfd){.fd = d->ctx->async_fd, .events = POLLIN};
     }
     return 0;
 }

@@ -35,14 +35,14 @@
  * send slot (several small frames share a slot: a wire is a byte stream)
  * and RDMA-writes the slot with immediate (its length) into the same slot
  * of the peer's receive ring (the writes of one flush in one chain, only
- * the last and one in every half ring signalled: data.c, chain_post). It needs a credit for that: the peer's count
- * of slots it has consumed, which the peer returns with zero-length
- * SEND_WITH_IMM messages every half ring, so a sender never overruns its
- * receiver. The receiver keeps zero-length receive requests posted; each
- * write's completion says a slot has landed, and its bytes are copied into
- * the posted receive frames in stream order, so that a receive of len bytes
- * completes when exactly len bytes of the wire's stream have landed, as
- * with TCP.
+ * the last and one in every half ring signalled: data.c, chain_post). It needs
+ * a credit for that: the peer's count of slots it has consumed, which the peer
+ * returns with zero-length SEND_WITH_IMM messages every half ring, so a sender
+ * never overruns its receiver. The receiver keeps zero-length receive requests
+ * posted; each write's completion says a slot has landed, and its bytes are
+ * copied into the posted receive frames in stream order, so that a receive of
+ * len bytes completes when exactly len bytes of the wire's stream have landed,
+ * as with TCP.
  *
  * A send frame completes only once the RDMA write of the slot that holds
  * its last byte has completed successfully, not when its bytes are in the
@@ -200,8 +200,8 @@ typedef struct ib_wire {
      * (kept in its got field) is the count of completed slot writes that
      * completes it. */
     weft__xfer *wq_head, *wq_tail;
-    uint64_t s_posted;  /* slots written */
-    uint64_t s_done;    /* slot writes completed (the local slot is free) */
+    uint64_t s_posted; /* slots written */
+    uint64_t s_done;   /* slot writes completed (the local slot is free) */
     /* Selective signalling (data.c: tx_flush): the slot writes of one
      * flush are posted as one chain in which only the last, and one in
      * every half ring, asks for a completion; that completion says that

@@ -15,8 +15,8 @@
  * The TCP side: create() opens the far transport for the whole job, with
  * one loopback TCP connection per peer of this host instead of `wires`
  * (under ibverbs: its TCP side's, and no queue pairs to them). Peers on
- * other hosts use it for everything, as plain TCP or ibverbs would. To a peer of
- * this host the connection carries only the set-up messages; after that it
+ * other hosts use it for everything, as plain TCP or ibverbs would. To a peer
+ * of this host the connection carries only the set-up messages; after that it
  * stays open, so that the peer's death (or its finalize) closes it, which
  * this rank sees at once even while it only waits. Its leaving is noted,
  * not a failure: what it wrote into the ring before it left is still
