@@ -549,9 +549,11 @@ static int spin_pass(void *arg)
     return poll_once(arg, 0);
 }
 
-int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
+/* One pass, unless this transport failed or was shut down: 1 where
+ * something happened, 0 where not, or the error. progress() starts with
+ * it, and shared memory runs it as its far transport's poll. */
+static int pass(ib_tp *tp, int look)
 {
-    ib_tp *tp = (ib_tp *)t;
     unsigned ev = tp->events;
     int rc;
 
@@ -559,10 +561,20 @@ int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
         return tp->err;
     if (tp->shut)
         return WEFT_EABORTED;
-    if ((rc = poll_once(tp, 0)) != 0)
+    if ((rc = poll_once(tp, look)) != 0)
         return rc;
-    if (tp->events != ev)
-        return WEFT_OK;
+    return tp->events != ev;
+}
+
+int weft__ib_progress(weft__tp *t, uint64_t deadline_ms)
+{
+    ib_tp *tp = (ib_tp *)t;
+    unsigned ev;
+    int rc;
+
+    if ((rc = pass(tp, 0)) != 0)
+        return rc < 0 ? rc : WEFT_OK;
+    ev = tp->events;
     /* With a core to spare, poll a little before sleeping: a completion
      * channel wake-up costs more than a short message takes. */
     rc = weft__tp_spin(weft__spin_len(&tp->spin, deadline_ms), spin_pass, tp,
@@ -600,17 +612,7 @@ static weft__tp *far_tcp(weft__tp *t)
 
 static int far_poll(weft__tp *t, int look)
 {
-    ib_tp *tp = (ib_tp *)t;
-    unsigned ev = tp->events;
-    int rc;
-
-    if (tp->err != 0)
-        return tp->err;
-    if (tp->shut)
-        return WEFT_EABORTED;
-    if ((rc = poll_once(tp, look)) != 0)
-        return rc;
-    return tp->events != ev;
+    return pass((ib_tp *)t, look);
 }
 
 static int far_sleep_prep(weft__tp *t, struct pollfd *pfd, int max, int *n,
