@@ -451,6 +451,86 @@ static int shrink_mode(weft_comm *c, int victim, int victim2, double run_s)
     return 0;
 }
 
+/* "leaving V ROUNDS": ROUNDS times, on the communicator of the round
+ * before (first c), rank V shrinks it 300 ms after a barrier, which
+ * closes its wires, while rank V+1 sends to it, message after message
+ * (64 KiB to 4 MiB, by round), that it never receives: the bytes it has
+ * not read make its close a reset on their wires, the others end
+ * cleanly, and rank V+1's writes meet the reset. Every other rank waits
+ * to receive from V. Each rank but V sees its send or receive fail, says
+ * "noticed rank V leave after N ms" (from the barrier's end + 300 ms)
+ * and shrinks too; every rank checks an all_reduce on the communicator
+ * they form, all of them in it: "round R: shrunk <rank> of <size>". */
+static int leaving_mode(weft_comm *c, int victim, int rounds)
+{
+    enum { BIG = 1 << 20 }; /* floats */
+    float *big = calloc(BIG, sizeof *big);
+    weft_comm *cur = c;
+    int rc = big == NULL ? WEFT_ENOMEM : WEFT_OK;
+
+    for (int round = 0; rc == WEFT_OK && round < rounds; round++) {
+        int me = weft_rank(cur), n = weft_size(cur), got = 0, sum = 0, v;
+        size_t count = (size_t)BIG >> (2 * (3 - round % 4));
+        weft_comm *s = NULL;
+        double t0;
+
+        if ((rc = weft_barrier(cur)) != WEFT_OK) {
+            printf("FAILED round %d: barrier: %s\n", round,
+                   weft_last_error(cur));
+            break;
+        }
+        t0 = now_ms() + 300;
+        if (me == victim) {
+            struct timespec ts = {0, 300 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        } else {
+            if (me == (victim + 1) % n)
+                while ((rc = weft_send(cur, big, count, WEFT_FLOAT32,
+                                       victim)) == WEFT_OK &&
+                       now_ms() < t0 + 10000)
+                    ;
+            else
+                rc = weft_recv(cur, &got, 1, WEFT_INT32, victim);
+            if (rc == WEFT_OK) {
+                printf("FAILED round %d: rank %d left, and a send or "
+                       "receive with it still succeeded\n",
+                       round, victim);
+                rc = WEFT_EINVAL;
+                break;
+            }
+            printf("noticed rank %d leave after %.0f ms: %s\n", victim,
+                   now_ms() - t0, weft_last_error(cur));
+        }
+        fflush(stdout);
+        if ((rc = weft_comm_shrink(cur, &s)) != WEFT_OK) {
+            printf("FAILED round %d: shrink %s: %s\n", round, weft_err_name(rc),
+                   weft_last_error(NULL));
+            break;
+        }
+        if (cur != c)
+            weft_finalize(cur);
+        cur = s;
+        v = weft_comm_origin_rank(s, weft_rank(s)) + 1;
+        rc = weft_all_reduce(s, &v, &sum, 1, WEFT_INT32, WEFT_SUM);
+        if (rc == WEFT_OK && (weft_size(s) != n || sum != n * (n + 1) / 2))
+            rc = WEFT_EINVAL;
+        if (rc != WEFT_OK) {
+            printf("FAILED round %d: on the shrunk communicator (%d of %d, "
+                   "sum %d): %s\n",
+                   round, weft_rank(s), weft_size(s), sum, weft_last_error(s));
+            break;
+        }
+        printf("round %d: shrunk %d of %d\n", round, weft_rank(s),
+               weft_size(s));
+        fflush(stdout);
+    }
+    if (cur != c)
+        weft_finalize(cur);
+    weft_finalize(c);
+    free(big);
+    return rc == WEFT_OK ? 0 : 3;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "ok";
@@ -474,6 +554,8 @@ int main(int argc, char **argv)
         return shrinkbw_mode(c, victim,
                              argc > 3 ? (size_t)atol(argv[3]) : 1u << 24,
                              argc > 4 ? atoi(argv[4]) : 5);
+    if (strcmp(mode, "leaving") == 0)
+        return leaving_mode(c, victim, argc > 3 ? atoi(argv[3]) : 3);
     if (strcmp(mode, "shrinkrun") == 0)
         return shrink_mode(c, victim, -1, argc > 3 ? atof(argv[3]) : 5);
     if (strcmp(mode, "loop") == 0)

@@ -263,6 +263,8 @@ void weft__tcp_data_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         weft__tcp_setup_closed(k);
         return;
     }
+    if (nread == UV_EOF && weft__tcp_closed_while_paused(k))
+        return;
     rx_drain(k);
 }
 

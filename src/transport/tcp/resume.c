@@ -166,6 +166,20 @@ int weft__tcp_pause(conn *k, int uverr)
     return 1;
 }
 
+int weft__tcp_closed_while_paused(conn *k)
+{
+    tcp_tp *tp = k->tp;
+
+    if (tp->err != 0 || tp->shut || !some_paused(k))
+        return 0;
+    tp->lost_peer = k->peer;
+    weft__tcp_fail(tp, WEFT_EPEER,
+                   "rank %d: peer %d closed wire %d (%s) while another wire "
+                   "to it waited to resume: the peer left",
+                   tp->rank, k->peer, k->wire, k->name);
+    return 1;
+}
+
 int weft__tcp_pause_to_move(conn *k)
 {
     tcp_tp *tp = k->tp;

@@ -422,6 +422,12 @@ int weft__tcp_eof_cause(conn *k);
  * to take over. Returns 1 if k is paused (or was), 0 if it cannot be
  * resumed (the caller fails as before). */
 int weft__tcp_pause(conn *k, int uverr);
+/* k's peer closed k (a read's UV_EOF, on a wire not paused): where
+ * another wire to it waits paused to resume, the peer has left (a live
+ * peer closes a data wire only at its end; one it resumes or moves is
+ * paused on this side first), and what that wire waits for cannot come:
+ * fails the transport with WEFT_EPEER and returns 1, else 0. */
+int weft__tcp_closed_while_paused(conn *k);
 /* Pauses k, up and well, to move its wire to a new connection (its own
  * link is back): as weft__tcp_pause, but nothing was lost. */
 int weft__tcp_pause_to_move(conn *k);
