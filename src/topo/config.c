@@ -506,7 +506,8 @@ static int cables(const weft__config *out, int a, int b, int *l, int max)
  * finds the same: hosts are tried in index order), and as many paths as
  * the fewest cables of any step (the k-th takes the k-th cable of each),
  * so that the pair has as many wires as over a cable and they fail over
- * as wires do. Only the TCP transport runs paths. */
+ * as wires do. TCP runs them; under ibverbs, its TCP side does (no
+ * device joins the two hosts). */
 static int add_paths(weft__config *out, char *errmsg, size_t errlen)
 {
     const int nh = out->nhosts;
@@ -558,17 +559,13 @@ static int add_paths(weft__config *out, char *errmsg, size_t errlen)
         for (int x = next; x != h; x = prev[x])
             if (ns <= WEFT__MAX_VIA + 1)
                 steps[ns++] = x;
-        if (ns > WEFT__MAX_VIA + 1 || strcmp(out->transport, "tcp") != 0) {
+        if (ns > WEFT__MAX_VIA + 1) {
             snprintf(errmsg, errlen,
                      "the hosts of the ranks left no longer form a ring of "
                      "cables: no cable joins host %s to host %s, next in "
-                     "rank order, and %s",
-                     out->hosts[h].name, out->hosts[next].name,
-                     ns > WEFT__MAX_VIA + 1
-                         ? "the path between goes through more than "
-                           "6 hosts"
-                         : "only the TCP transport runs a ring's step over "
-                           "the hosts between");
+                     "rank order, and the path between goes through more "
+                     "than 6 hosts",
+                     out->hosts[h].name, out->hosts[next].name);
             rc = WEFT_ENOTSUP;
             break;
         }

@@ -164,7 +164,8 @@ Test(paths, cut_in_two)
     weft__config_free(&cfg);
 }
 
-Test(paths, not_under_ibverbs)
+/* Under ibverbs the same path (its TCP side runs it). */
+Test(paths, under_ibverbs_too)
 {
     weft__config cfg, out;
     const int members[] = {0, 1, 2};
@@ -173,8 +174,16 @@ Test(paths, not_under_ibverbs)
     load_ring(&cfg, 4, 1, "ibverbs");
     cr_assert_eq(
         weft__config_subset(&cfg, members, 3, 0, NULL, &out, err, sizeof err),
-        WEFT_ENOTSUP);
-    cr_assert(strstr(err, "only the TCP transport") != NULL, "%s", err);
-    cr_assert(strstr(err, "h2 to host h0") != NULL, "%s", err);
+        WEFT_OK, "%s", err);
+    cr_assert_str_eq(out.transport, "ibverbs");
+    cr_assert_eq(npaths(&out), 1);
+    for (int l = 0; l < out.nlinks; l++) {
+        const weft__link *lk = &out.links[l];
+        if (lk->nvia == 0)
+            continue;
+        cr_assert(lk->end[0].host == 2 && lk->end[1].host == 0);
+        cr_assert_eq(lk->via[0], 1);
+    }
+    weft__config_free(&out);
     weft__config_free(&cfg);
 }

@@ -358,11 +358,31 @@ static int post_target(ib_tp *tp, int p, int wi, ib_wire **out)
     return WEFT_OK;
 }
 
+/* A frame to or from a path peer (ib_peer.path), on the TCP side's wire
+ * wi to it. */
+static int path_post(ib_tp *tp, int p, int wi, weft__xfer *x, int send)
+{
+    /* As a relay: once the TCP side has failed nothing can arrive on it,
+     * so its failure is judged at once. */
+    if (tp->err == 0 && tp->tcp_err != 0)
+        weft__ib_tcp_judge(tp);
+    if (tp->err != 0)
+        return tp->err;
+    if (tp->shut)
+        return WEFT_EABORTED;
+    return send ? weft__tcp_ops.post_send(tp->tcp, p, wi, x)
+                : weft__tcp_ops.post_recv(tp->tcp, p, wi, x);
+}
+
 int weft__ib_post_send(weft__tp *t, int p, int wi, weft__xfer *x)
 {
     ib_tp *tp = (ib_tp *)t;
     ib_wire *w = NULL;
-    int rc = post_target(tp, p, wi, &w);
+    int rc;
+
+    if (p >= 0 && p < tp->nranks && tp->peers[p].path)
+        return path_post(tp, p, wi, x, 1);
+    rc = post_target(tp, p, wi, &w);
 
     if (rc != 0)
         return rc;
@@ -389,7 +409,11 @@ int weft__ib_post_recv(weft__tp *t, int p, int wi, weft__xfer *x)
 {
     ib_tp *tp = (ib_tp *)t;
     ib_wire *w = NULL;
-    int rc = post_target(tp, p, wi, &w);
+    int rc;
+
+    if (p >= 0 && p < tp->nranks && tp->peers[p].path)
+        return path_post(tp, p, wi, x, 0);
+    rc = post_target(tp, p, wi, &w);
 
     if (rc != 0)
         return rc;

@@ -22,7 +22,9 @@
  * which this rank sees at once (WEFT_EPEER) even while it only waits to
  * receive; a peer that finalizes says goodbye on it first. Relayed
  * point-to-point traffic (ranks with no link between their hosts) goes
- * through the TCP transport's relay.
+ * through the TCP transport's relay, and a ring's step between hosts that
+ * no cable joins (a chain that a shrink left) over the TCP side's wires
+ * on paths through the hosts between (ib_peer.path).
  *
  * Each wire is one RC queue pair, carrying both directions; wire k of link
  * l to a peer pairs with wire k of link l at the peer (numbered as the TCP
@@ -284,6 +286,11 @@ typedef struct {
     uint64_t refused_links; /* links that refused a new queue pair ... */
     uint64_t refused_ms;    /* ... last at this time (failover.c) */
     atomic_uint lost, back; /* wires lost, and resumed (weft_peer_wires) */
+    /* No cable joins the two hosts: a ring's step over a path through the
+     * hosts between (a chain a shrink left, topo/config.c). Its wires are
+     * the TCP side's over that path (no queue pair), and this transport
+     * hands their frames to it. */
+    int path;
 } ib_peer;
 
 /* A queue pair or memory region that failover replaced: kept until

@@ -18,20 +18,24 @@
 
 /* The links joining this rank's host and peer p's, in the order the TCP
  * transport numbers its wires: loopback for ranks of one host, else every
- * link between the two hosts in hostfile order. */
+ * link between the two hosts in hostfile order. *path: 1 where they are
+ * paths through other hosts (topo.h), not cables. */
 static int peer_links(const weft__config *cfg, int me, int p, uint32_t *out,
-                      int max)
+                      int max, int *path)
 {
     int hm = cfg->rank_host[me], hp = cfg->rank_host[p], n = 0;
 
+    *path = 0;
     if (hm == hp) {
         out[0] = WEFT__LINK_LOOPBACK;
         return 1;
     }
     for (int l = 0; l < cfg->nlinks; l++) {
         const weft__link *lk = &cfg->links[l];
-        if (weft__link_joins(lk, hm, hp) && n < max)
+        if (weft__link_joins(lk, hm, hp) && n < max) {
             out[n++] = (uint32_t)l;
+            *path |= lk->nvia > 0;
+        }
     }
     return n;
 }
@@ -51,11 +55,21 @@ static int plan(ib_tp *tp)
         int n = p == tp->rank || weft__ib_shm_peer(tp, p)
                     ? 0
                     : weft__tcp_ops.nwires(tp->tcp, p),
-            nl;
+            nl, path;
 
         if (n == 0)
             continue;
-        nl = peer_links(cfg, tp->rank, p, links, WEFT__MAX_WIRES);
+        nl = peer_links(cfg, tp->rank, p, links, WEFT__MAX_WIRES, &path);
+        if (path) {
+            /* No device between: the TCP side's wires carry it. */
+            pe->path = 1;
+            weft__log(WEFT__LOG_INFO, tp->rank,
+                      "ibverbs: no cable joins this host to peer %d's: its "
+                      "%d wire(s) run over TCP, on paths through the hosts "
+                      "between",
+                      p, n);
+            continue;
+        }
         if (nl != n)
             return weft__fail(tp->p->sink, WEFT_ETRANSPORT,
                               "rank %d: %d TCP wires to peer %d but %d "
@@ -245,6 +259,10 @@ static void ib_cable_wires(weft__tp *t, int p, weft_wire_info *out)
     memset(out, 0, sizeof *out);
     if (p < 0 || p >= tp->nranks)
         return;
+    if (tp->peers[p].path) {
+        weft__tcp_ops.cable_wires(tp->tcp, p, out);
+        return;
+    }
     /* A wire whose peer left is not counted lost: that is the peer's
      * leaving, not a link's. */
     out->total = tp->peers[p].nwires;
@@ -256,7 +274,11 @@ static void ib_cable_wires(weft__tp *t, int p, weft_wire_info *out)
 static int ib_nwires(weft__tp *t, int p)
 {
     ib_tp *tp = (ib_tp *)t;
-    return p >= 0 && p < tp->nranks ? tp->peers[p].nwires : 0;
+
+    if (p < 0 || p >= tp->nranks)
+        return 0;
+    return tp->peers[p].path ? weft__tcp_ops.nwires(tp->tcp, p)
+                             : tp->peers[p].nwires;
 }
 
 /* ---- tear-down ---- */
@@ -483,7 +505,7 @@ static int ib_create_guarded(ib_tp *tp)
     for (int p = 0; p < tp->nranks; p++)
         if (p != tp->rank && tp->peers[p].nwires == 0 &&
             !weft__ib_shm_peer(tp, p))
-            tp->tcp_data = 1; /* relayed over the TCP side */
+            tp->tcp_data = 1; /* relayed over the TCP side, or a path */
     tp->ready = 1;
     if ((rc = weft__ib_fo_start(tp)) != 0)
         return rc;
