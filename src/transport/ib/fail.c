@@ -29,23 +29,19 @@ const char *weft__ib_link_name(const ib_wire *w, char *buf, size_t len)
     return buf;
 }
 
-/* The peer whose leaving failed the TCP side (weft__tcp_lost_peer), or -1;
- * -1 also where the failure was anything else (a relay connection), and
- * tcp_wait_ms (completions.c) then judges without knowing the peer. Only
- * peers with wires count: what a relayed peer sent went through the TCP
- * side, which has failed. */
+/* The peer whose leaving failed the TCP side (weft__tcp_lost_peer: for a
+ * relay connection, the neighbour at its other end), or -1 where the
+ * failure was anything else, and tcp_wait_ms (completions.c) then judges
+ * without knowing the peer. What this rank waits for on that peer's
+ * queue pairs decides at once; what it waits for through the TCP side
+ * (relayed, or over a path) cannot come any more, and is judged when
+ * nothing has moved for TCP_QUIET_MS, as anything else. */
 static int tcp_lost_peer(const ib_tp *tp)
 {
     int p = weft__tcp_lost_peer(tp->tcp);
 
     if (p < 0 || p >= tp->nranks || p == tp->rank)
         return -1;
-    /* With a relayed peer in the job, relays may be in flight through the
-     * failed TCP side, which the peer's wires do not show. */
-    for (int q = 0; q < tp->nranks; q++)
-        if (q != tp->rank && tp->peers[q].nwires == 0 &&
-            !weft__ib_shm_peer(tp, q))
-            return -1;
     return p;
 }
 
