@@ -57,7 +57,9 @@ static const char *wr_kind_name(int kind)
  * only where this rank asks the kernel about its connection (others_gone:
  * a peer it waits for, such as a hierarchical collective's leader of
  * another host, which the lost peer's ranks do not talk to); that peer
- * then counts as the lost one does. Otherwise, once nothing has moved (no
+ * then counts as the lost one does. What it waits for through the TCP
+ * side itself (a relayed message, frames of a peer over a path) cannot
+ * come at all and is judged at once. Otherwise, once nothing has moved (no
  * completion, no post) for TCP_QUIET_MS, the failure is judged whatever
  * this rank waits for. That is also the whole rule where the lost peer is
  * not known. */
@@ -69,6 +71,13 @@ static int tcp_wait_ms(ib_tp *tp)
 
     if (now >= end)
         return 0;
+    /* What comes through the failed TCP side (relayed, or over a path)
+     * cannot come any more. */
+    if (weft__tcp_waits(tp->tcp, -1))
+        return 0;
+    for (int p = 0; p < tp->nranks; p++)
+        if (tp->peers[p].path && weft__tcp_waits(tp->tcp, p))
+            return 0;
     for (int p = 0; tp->tcp_lost >= 0 && p < tp->nranks; p++) {
         const ib_peer *pe = &tp->peers[p];
 

@@ -45,5 +45,10 @@ int weft__tcp_wire_home(weft__tp *tp, int peer, int w);
  * (one poll() per connection, no completion runs): for a post, which must
  * not run progress. */
 int weft__tcp_peer_hup(weft__tp *tp, int peer);
+/* Whether this rank waits on the TCP side for something from peer (a
+ * receive wanted or a send queued on one of its data wires), or, where
+ * peer is -1, for a relayed message (a relay receive posted): after the
+ * TCP side failed, nothing of it can come any more. */
+int weft__tcp_waits(weft__tp *tp, int peer);
 
 #endif

@@ -725,6 +725,23 @@ int weft__tcp_peer_hup(weft__tp *t, int p)
     return 0;
 }
 
+int weft__tcp_waits(weft__tp *t, int p)
+{
+    const tcp_tp *tp = (const tcp_tp *)t;
+
+    if (p < 0)
+        return tp->rrecv != NULL;
+    if (p >= tp->nranks)
+        return 0;
+    for (int w = 0; w < tp->peers[p].nwires; w++) {
+        const conn *k = tp->peers[p].s[w].c;
+
+        if (k != NULL && (weft__xfer_wanted(k->rq_head) || k->sq_head != NULL))
+            return 1;
+    }
+    return 0;
+}
+
 int weft__tcp_fd(weft__tp *t)
 {
     return uv_backend_fd(&((tcp_tp *)t)->loop);
