@@ -33,9 +33,8 @@ const char *weft__ib_link_name(const ib_wire *w, char *buf, size_t len)
  * relay connection, the neighbour at its other end), or -1 where the
  * failure was anything else, and tcp_wait_ms (completions.c) then judges
  * without knowing the peer. What this rank waits for on that peer's
- * queue pairs decides at once; what it waits for through the TCP side
- * (relayed, or over a path) cannot come any more, and is judged when
- * nothing has moved for TCP_QUIET_MS, as anything else. */
+ * queue pairs decides at once, as does what it waits for through the TCP
+ * side (relayed, or over a path), which cannot come any more. */
 static int tcp_lost_peer(const ib_tp *tp)
 {
     int p = weft__tcp_lost_peer(tp->tcp);
